@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BoardwalkConfig(AppConfig):
+    name = "boardwalk"
+    verbose_name = "Organizations and API keys"

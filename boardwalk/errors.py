@@ -1,0 +1,226 @@
+"""One error family and one renderer for every non-2xx answer (SPEC §10).
+
+Views and services raise `BoardwalkError` subclasses; `exception_handler` renders them, and
+DRF's and Django's own exceptions, in the same envelope:
+
+    {"error": {"type", "code", "message", "param"}}
+
+The OpenAI SDK retries 408/409/429/5xx unless told otherwise, so every client error that a
+retry cannot fix carries `x-should-retry: false`, and 429 carries `Retry-After` (SPEC §10a).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "insufficient_credit_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    416: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+}
+
+
+class BoardwalkError(Exception):
+    status = 400
+    code = "invalid_request"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.param = param
+        self.details = details
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def envelope(self) -> dict[str, Any]:
+        return envelope(self.status, self.code, self.message, self.param, self.details, self.extra)
+
+
+class InvalidRequest(BoardwalkError):
+    status = 400
+
+
+class AuthenticationError(BoardwalkError):
+    status = 401
+    code = "invalid_api_key"
+
+
+class ScopeError(BoardwalkError):
+    status = 403
+    code = "insufficient_scope"
+
+
+class InsufficientCredit(BoardwalkError):
+    status = 402
+    code = "insufficient_credit"
+
+
+class NotFound(BoardwalkError):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(BoardwalkError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class Conflict(BoardwalkError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(BoardwalkError):
+    status = 413
+    code = "file_too_large"
+
+
+class RangeNotSatisfiable(BoardwalkError):
+    status = 416
+    code = "range_not_satisfiable"
+
+
+class CapacityExceeded(BoardwalkError):
+    status = 429
+    code = "capacity_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int = 60, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("Retry-After", str(retry_after))
+
+
+def envelope(
+    status: int,
+    code: str,
+    message: str,
+    param: str | None = None,
+    details: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"),
+        "code": code,
+        "message": message,
+        "param": param,
+    }
+    if details is not None:
+        body["details"] = details
+    if extra:
+        body.update(extra)
+    return {"error": body}
+
+
+def retry_headers(status: int) -> dict[str, str]:
+    # 429 is the one client error worth retrying (after Retry-After); 5xx stays retryable.
+    if 400 <= status < 500 and status not in (408, 429):
+        return {"x-should-retry": "false"}
+    return {}
+
+
+def _from_drf(exc: drf.APIException) -> BoardwalkError:
+    if isinstance(exc, drf.NotAuthenticated):
+        return AuthenticationError(
+            "No API key provided. Send it as 'Authorization: Bearer <key>'.",
+            code="missing_api_key",
+        )
+    if isinstance(exc, drf.AuthenticationFailed):
+        return AuthenticationError(str(exc.detail))
+    if isinstance(exc, drf.PermissionDenied):
+        return ScopeError(str(exc.detail))
+    if isinstance(exc, drf.NotFound):
+        return NotFound(str(exc.detail))
+    if isinstance(exc, drf.MethodNotAllowed):
+        return MethodNotAllowed(str(exc.detail))
+    if isinstance(exc, drf.UnsupportedMediaType):
+        error = InvalidRequest(str(exc.detail), code="unsupported_media_type")
+        error.status = 415
+        return error
+    if isinstance(exc, drf.ParseError):
+        return InvalidRequest(f"The request body is not valid JSON: {exc.detail}", code="invalid_json")
+    if isinstance(exc, drf.Throttled):
+        return CapacityExceeded(str(exc.detail), retry_after=int(exc.wait or 60))
+    if isinstance(exc, drf.ValidationError):
+        param, message = _first_validation_error(exc.detail)
+        return InvalidRequest(message, code="invalid_request", param=param)
+    error = BoardwalkError(str(exc.detail), code=str(exc.default_code))
+    error.status = exc.status_code
+    return error
+
+
+def _first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            full = f"{prefix}.{name}" if prefix and name else (name or prefix)
+            param, message = _first_validation_error(value, full)
+            return param, (f"{full}: {message}" if full and param == full else message)
+    if isinstance(detail, list) and detail:
+        return _first_validation_error(detail[0], prefix)
+    return (prefix or None), str(detail)
+
+
+def render(error: BoardwalkError) -> Response:
+    headers = {**retry_headers(error.status), **error.headers}
+    return Response(error.envelope(), status=error.status, headers=headers)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, BoardwalkError):
+        return render(exc)
+    if isinstance(exc, Http404):
+        return render(NotFound("No such resource."))
+    if isinstance(exc, DjangoPermissionDenied):
+        return render(ScopeError("Permission denied."))
+    if isinstance(exc, drf.APIException):
+        return render(_from_drf(exc))
+    return None  # unexpected: Django's 500 handler (below) answers in the envelope
+
+
+def _json(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse(
+        envelope(status, code, message), status=status, headers=retry_headers(status)
+    )
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return _json(404, "not_found", f"Unknown path {request.path!r}.")
+
+
+def handler500(request: HttpRequest) -> JsonResponse:
+    return _json(500, "internal_error", "Internal server error. Retry later.")
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return _json(400, "bad_request", "Bad request.")
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return _json(403, "forbidden", "Forbidden.")

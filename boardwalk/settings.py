@@ -1,0 +1,164 @@
+"""Django settings: everything that varies comes from the environment (see .env.example).
+
+Unset variables select the embedded default: SQLite, encrypted files under ./var, an
+in-process Dramatiq worker. Production sets DATABASE_URL, REDIS_URL and BOARDWALK_S3_BUCKET.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from boardwalk import secrets_store
+from boardwalk.env import env_bool, env_int, env_list, env_path, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env_path("BOARDWALK_DATA_DIR", BASE_DIR / "var")
+
+_embedded_secrets = None
+
+
+def _embedded(name: str) -> str:
+    global _embedded_secrets
+    if _embedded_secrets is None:
+        _embedded_secrets = secrets_store.load_or_create(DATA_DIR)
+    return _embedded_secrets[name]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _embedded("django_secret_key")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "boardwalk",
+    "inference",
+    "files",
+    "billing",
+    "batches",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "boardwalk.urls"
+WSGI_APPLICATION = "boardwalk.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": DATA_DIR / "boardwalk.sqlite3",
+            "OPTIONS": {
+                # IMMEDIATE: a write transaction takes the write lock at BEGIN, so two
+                # writers queue on the busy timeout instead of failing mid-transaction.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DATABASES["default"]["TEST"] = {"NAME": env_str("BOARDWALK_TEST_DB_NAME") or None}
+IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# Content storage: encrypted blobs only, through django-storages.
+S3_BUCKET = env_str("BOARDWALK_S3_BUCKET")
+if S3_BUCKET:
+    CONTENT_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": S3_BUCKET,
+            "endpoint_url": env_str("BOARDWALK_S3_ENDPOINT_URL") or None,
+            "access_key": env_str("BOARDWALK_S3_ACCESS_KEY_ID") or None,
+            "secret_key": env_str("BOARDWALK_S3_SECRET_ACCESS_KEY") or None,
+            "region_name": env_str("BOARDWALK_S3_REGION", "us-east-1"),
+            "location": env_str("BOARDWALK_S3_PREFIX", "boardwalk"),
+            "file_overwrite": True,
+            "default_acl": None,
+        },
+    }
+else:
+    CONTENT_STORAGE = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(DATA_DIR / "content"), "file_permissions_mode": 0o600},
+    }
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "content": CONTENT_STORAGE,
+}
+
+# Master keys wrap each file's data key: "id1:base64key,id2:base64key"; the first encrypts
+# new files, the others still decrypt old ones (rotation).
+MASTER_KEYS = env_str("BOARDWALK_MASTER_KEYS") or _embedded("master_keys")
+API_KEY_PEPPER = env_str("BOARDWALK_API_KEY_PEPPER") or _embedded("api_key_pepper")
+
+# Broker: Redis in production; unset means an in-process worker on a stub broker.
+REDIS_URL = env_str("REDIS_URL")
+WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
+MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
+
+# Upload handling: our own streaming handler validates and encrypts as bytes arrive.
+FILE_UPLOAD_HANDLERS = ["files.upload.StreamingUploadHandler"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["boardwalk.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["boardwalk.auth.HasDeclaredScope"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.negotiation.LenientContentNegotiation",
+    "EXCEPTION_HANDLER": "boardwalk.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "UNAUTHENTICATED_TOKEN": None,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FilesConfig(AppConfig):
+    name = "files"
+    verbose_name = "Files"

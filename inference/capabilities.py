@@ -1,0 +1,41 @@
+"""What the generation engine honours, in one place.
+
+The upload validator (files/validation) and the engine (inference/engine) both read this:
+a Chat Completions field the engine cannot honour is an upload error naming the field
+(SPEC §4.1), never silently ignored.
+"""
+
+from __future__ import annotations
+
+# Every top-level field of the Chat Completions request reference.
+REFERENCE_FIELDS = frozenset(
+    {
+        "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+        "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model",
+        "n", "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key",
+        "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier",
+        "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
+        "top_logprobs", "top_p", "user", "verbosity", "web_search_options",
+    }
+)  # fmt: skip
+
+# Fields the engine honours (sampling and stopping) or that carry no behaviour (user,
+# metadata, store: accepted, nothing stored).
+HONOURED_FIELDS = frozenset(
+    {
+        "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+        "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user",
+        "metadata", "store", "stream", "logprobs", "response_format",
+    }
+)  # fmt: skip
+
+# Honoured only with these values (anything else is "unsupported_parameter").
+NEUTRAL_ONLY = {
+    "stream": (False, None),
+    "logprobs": (False, None),
+}
+RESPONSE_FORMATS = ("text",)
+
+MAX_N = 8
+MAX_STOP_SEQUENCES = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -1,0 +1,82 @@
+"""Model revisions, the catalog and private deployments (SPEC §3)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from boardwalk import clock
+from boardwalk.ids import new_id
+from boardwalk.models import Organization
+
+MODALITIES = ("text", "image", "audio")
+
+
+def _revision_id() -> str:
+    return new_id("mcfg_")
+
+
+def _deployment_id() -> str:
+    return new_id("dep_")
+
+
+class ModelRevision(models.Model):
+    """One immutable serving configuration. Never edited: a change is a new revision."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=_revision_id, editable=False)
+    label = models.CharField(max_length=200, help_text="Human name, e.g. tiny-chat@2026-11-30.")
+    weights = models.CharField(
+        max_length=500, help_text="Local directory, or a hub id already present in the local cache."
+    )
+    weights_revision = models.CharField(max_length=100, blank=True)
+    tokenizer = models.CharField(
+        max_length=500, blank=True, help_text="Tokenizer location; blank means the weights'."
+    )
+    chat_template = models.TextField(blank=True, help_text="Blank means the tokenizer's own.")
+    context_length = models.PositiveIntegerField()
+    dtype = models.CharField(max_length=16, default="auto")
+    modalities = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.id})"
+
+
+class CatalogModel(models.Model):
+    """A public model name and its current serving revision and batch prices."""
+
+    name = models.CharField(max_length=200, unique=True)
+    revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, related_name="+")
+    batch_enabled = models.BooleanField(default=True, help_text="Off means `batch: null`.")
+    price_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
+    price_cached_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
+    price_output = models.BigIntegerField(default=0, help_text="microusd per million tokens")
+    batch_media = models.JSONField(
+        default=list, blank=True, help_text="Modalities the batch qualification covers; [] = text."
+    )
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Deployment(models.Model):
+    """A private deployment: only its organization can target it."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=_deployment_id, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="deployments")
+    name = models.CharField(max_length=200, unique=True)
+    revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, related_name="+")
+    gpu_second_price = models.BigIntegerField(help_text="microusd per GPU-second")
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.org.name})"
