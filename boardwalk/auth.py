@@ -66,7 +66,9 @@ class HasDeclaredScope(BasePermission):
         declared = getattr(view, "scopes", None)
         if not declared:
             return False  # deny by default: a view must state its scopes
-        needed = declared.get(method) or (declared.get("GET") if method in ("HEAD", "OPTIONS") else None)
+        needed = declared.get(method) or (
+            declared.get("GET") if method in ("HEAD", "OPTIONS") else None
+        )
         if needed is None:
             return False
         if request.user is None or not getattr(request.user, "is_authenticated", False):

@@ -164,7 +164,9 @@ def _from_drf(exc: drf.APIException) -> BoardwalkError:
         error.status = 415
         return error
     if isinstance(exc, drf.ParseError):
-        return InvalidRequest(f"The request body is not valid JSON: {exc.detail}", code="invalid_json")
+        return InvalidRequest(
+            f"The request body is not valid JSON: {exc.detail}", code="invalid_json"
+        )
     if isinstance(exc, drf.Throttled):
         return CapacityExceeded(str(exc.detail), retry_after=int(exc.wait or 60))
     if isinstance(exc, drf.ValidationError):

@@ -52,7 +52,11 @@ def api_key_create(*, org: Organization, scopes: str | list[str], name: str = ""
     prefix = secrets.token_hex(6)
     secret = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
     key = ApiKey.objects.create(
-        org=org, name=name, prefix=prefix, secret_hash=secret_hash(secret), scopes=parse_scopes(scopes)
+        org=org,
+        name=name,
+        prefix=prefix,
+        secret_hash=secret_hash(secret),
+        scopes=parse_scopes(scopes),
     )
     return IssuedKey(key=key, secret=secret)
 

@@ -6,12 +6,19 @@ in-process Dramatiq worker. Production sets DATABASE_URL, REDIS_URL and BOARDWAL
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
 
 from boardwalk import secrets_store
 from boardwalk.env import env_bool, env_int, env_list, env_path, env_str
+
+# Models load from local files only: nothing may download weights at run time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("BOARDWALK_DATA_DIR", BASE_DIR / "var")
@@ -91,7 +98,9 @@ else:
             },
         }
     }
-DATABASES["default"]["TEST"] = {"NAME": env_str("BOARDWALK_TEST_DB_NAME") or None}
+if not DATABASE_URL:
+    # A file, not :memory:, so that worker threads in the tests share the test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
 IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -136,7 +145,18 @@ API_KEY_PEPPER = env_str("BOARDWALK_API_KEY_PEPPER") or _embedded("api_key_peppe
 
 # Broker: Redis in production; unset means an in-process worker on a stub broker.
 REDIS_URL = env_str("REDIS_URL")
+BROKER_NAMESPACE = env_str("BOARDWALK_BROKER_NAMESPACE", "boardwalk")
 WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
+ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
+ENGINES_PER_PROCESS = env_int("BOARDWALK_ENGINES_PER_PROCESS", 1)
+ITEM_LEASE_SECONDS = env_int("BOARDWALK_ITEM_LEASE_SECONDS", 60)
+ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
+SWEEP_INTERVAL_SECONDS = env_int("BOARDWALK_SWEEP_INTERVAL_SECONDS", 15)
+IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
+# Deployment batches hold an estimate of their GPU time (SPEC §8 decision): this many
+# GPU-microseconds per prompt or output token, times the deployment's price.
+GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMATE", 2_000)
+MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
 
 # Upload handling: our own streaming handler validates and encrypts as bytes arrive.

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+
+from batches.models import Batch
+
+
+@admin.register(Batch)
+class BatchAdmin(admin.ModelAdmin):
+    """Read-only and content-free: counts, states, money and ids."""
+
+    list_display = (
+        "id",
+        "org",
+        "model_name",
+        "status",
+        "total",
+        "completed",
+        "failed",
+        "billing",
+        "charge_microusd",
+        "created_at",
+        "expires_at",
+    )
+    list_filter = ("status", "billing", "model_name")
+    search_fields = ("id", "org__name", "input_file__id")
+    fields = (
+        "id",
+        "org",
+        "status",
+        "outcome",
+        "model_name",
+        "revision",
+        "deployment",
+        "billing",
+        "price_input",
+        "price_cached_input",
+        "price_output",
+        "gpu_second_price",
+        "total",
+        "completed",
+        "failed",
+        "hold_microusd",
+        "charge_microusd",
+        "usage",
+        "errors",
+        "input_file",
+        "output_file",
+        "error_file",
+        "created_at",
+        "expires_at",
+        "finalizing_at",
+        "cancelling_at",
+        "completed_at",
+        "cancelled_at",
+        "failed_at",
+        "expired_at",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,265 @@
+"""Batch state transitions after acceptance: complete, expire, fail, and finalize.
+
+Every transition is a compare-and-set on the batch row, and finalization is idempotent
+(DESIGN decision 5): result files have deterministic ids, the batch row publishes them in one
+update, and billing keys its entries by batch. A process killed at any point leaves a state
+that the next finalize attempt (or the sweep) carries to the end; nothing is published or
+charged twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from django.db import transaction
+from django.db.models import Q
+
+from batches.items import batch_has_open_items, batch_revoke_leases
+from batches.models import Batch, BatchItem
+from billing.pricing import TokenPrices, gpu_charge, token_charge
+from billing.services import credit_settle
+from boardwalk import clock
+from boardwalk.ids import derived_id
+from files.crypto import Keyring
+from files.limits import MAX_RESULT_FILE_BYTES
+from files.models import File
+from files.sealing import unseal
+from files.services import file_publish_result, file_shred
+
+logger = logging.getLogger(__name__)
+
+ITEM_ERROR_MESSAGES = {
+    "context_length_exceeded": "The prompt plus max_tokens exceeds the model's context length; "
+    "shorten the messages or lower max_tokens.",
+    "output_limit_exceeded": "The output file reached its 20 MiB limit before this row; "
+    "resubmit this request in a new batch.",
+    "batch_cancelled": "The batch was cancelled before this request finished.",
+    "batch_expired": "The batch expired before this request finished.",
+    "batch_failed": "The batch failed before this request ran.",
+    "insufficient_credit": "Not enough credit to run this request.",
+    "internal_error": "The request failed repeatedly inside the engine; retry it in a new batch.",
+    "invalid_request": "The engine rejected the request parameters.",
+}
+
+_OUTCOME_ITEM_CODES = {
+    Batch.Status.CANCELLED: "batch_cancelled",
+    Batch.Status.EXPIRED: "batch_expired",
+    Batch.Status.FAILED: "batch_failed",
+}
+
+
+class NotReady(Exception):
+    """Finalization must wait: items are still running under live leases."""
+
+
+def batch_mark_complete_if_done(*, batch_id: str) -> bool:
+    """in_progress → finalizing once no item is open. True if this call moved it."""
+    if batch_has_open_items(batch_id=batch_id):
+        return False
+    return bool(
+        Batch.objects.filter(id=batch_id, status=Batch.Status.IN_PROGRESS, outcome="").update(
+            status=Batch.Status.FINALIZING,
+            outcome=Batch.Status.COMPLETED,
+            finalizing_at=clock.now(),
+        )
+    )
+
+
+def batch_expire(*, batch: Batch) -> bool:
+    """Claim the expiry of a batch past expires_at; its items stop and it ends `expired`."""
+    moved = Batch.objects.filter(
+        id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
+    ).update(outcome=Batch.Status.EXPIRED)
+    if moved:
+        batch_revoke_leases(batch_id=batch.id)
+        logger.info("batch expiring id=%s", batch.id)
+    return bool(moved)
+
+
+def batch_fail(*, batch: Batch, code: str, message: str) -> bool:
+    moved = Batch.objects.filter(id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="").update(
+        outcome=Batch.Status.FAILED,
+        errors={
+            "object": "list",
+            "data": [{"code": code, "message": message, "param": None, "line": None}],
+        },
+    )
+    if moved:
+        batch_revoke_leases(batch_id=batch.id)
+        logger.warning("batch failing id=%s code=%s", batch.id, code)
+    return bool(moved)
+
+
+def error_row(item: BatchItem, code: str) -> bytes:
+    error = {"code": code, "message": ITEM_ERROR_MESSAGES.get(code, code)}
+    row = {"id": item.row_id, "custom_id": item.custom_id, "response": None, "error": error}
+    return orjson.dumps(row) + b"\n"
+
+
+def batch_finalize(*, batch_id: str) -> Batch | None:
+    """Publish a stopping or finished batch's results and settle its credit.
+
+    Safe to call at any time and any number of times; returns the batch if it is terminal
+    afterwards. Raises NotReady while a cancelled/expired batch still has live leases
+    (its workers are told to stop and will let go within seconds).
+    """
+    batch = Batch.objects.select_related("org").filter(id=batch_id).first()
+    if batch is None or batch.is_terminal:
+        return batch
+    if not batch.outcome:
+        if not batch_mark_complete_if_done(batch_id=batch.id):
+            return None
+        batch.refresh_from_db()
+    if batch.outcome != Batch.Status.COMPLETED:
+        # Stopping: fence off running items so no late result sneaks in after assembly.
+        batch_revoke_leases(batch_id=batch.id)
+    elif batch_has_open_items(batch_id=batch.id):
+        raise NotReady(batch.id)
+    return _publish(batch)
+
+
+def _publish(batch: Batch) -> Batch:
+    data_key = Keyring.current().unwrap(batch.key_id, bytes(batch.wrapped_key))
+    stop_code = _OUTCOME_ITEM_CODES.get(batch.outcome)
+    items = list(
+        BatchItem.objects.filter(batch=batch)
+        .order_by("index")
+        .only(
+            "id",
+            "index",
+            "custom_id",
+            "row_id",
+            "state",
+            "error_code",
+            "result",
+            "usage_prompt_tokens",
+            "usage_cached_tokens",
+            "usage_completion_tokens",
+            "gpu_seconds",
+        )
+    )
+    # Decide every row first (deterministically, from item states that can no longer
+    # change), then publish: a retry after a crash decides the same rows.
+    out_rows: list[bytes] = []
+    published: list[int] = []
+    err_rows: list[bytes] = []
+    out_size = err_size = 0
+    for item in items:
+        if item.state == BatchItem.State.SUCCEEDED:
+            row = unseal(data_key, bytes(item.result), f"{batch.id}:{item.index}".encode()) + b"\n"
+            if out_size + len(row) <= MAX_RESULT_FILE_BYTES:
+                out_size += len(row)
+                out_rows.append(row)
+                published.append(item.id)
+                continue
+            code = "output_limit_exceeded"
+        elif item.state == BatchItem.State.FAILED:
+            code = item.error_code or "internal_error"
+        else:
+            code = stop_code or "internal_error"
+        row = error_row(item, code)
+        if err_size + len(row) <= MAX_RESULT_FILE_BYTES:
+            # Rows the error file cannot hold are left for reconciliation (SPEC §6).
+            err_size += len(row)
+            err_rows.append(row)
+    output = file_publish_result(
+        org=batch.org,
+        file_id=derived_id("file-", batch.id, "output"),
+        rows=out_rows,
+        filename=f"{batch.id}_output.jsonl",
+    )
+    errors = file_publish_result(
+        org=batch.org,
+        file_id=derived_id("file-", batch.id, "errors"),
+        rows=err_rows,
+        filename=f"{batch.id}_errors.jsonl",
+    )
+    by_id = {item.id: item for item in items}
+    charges = _charges(batch, [by_id[i] for i in published], items)
+    usage = _usage([by_id[i] for i in published])
+    now = clock.now()
+    terminal = batch.outcome
+    with transaction.atomic():
+        moved = Batch.objects.filter(id=batch.id, status__in=Batch.UNFINISHED).update(
+            status=terminal,
+            output_file=output,
+            error_file=errors,
+            completed=len(published),
+            failed=batch.total - len(published),
+            usage=usage,
+            charge_microusd=sum(charges.values()),
+            **{f"{terminal}_at": now},
+        )
+        if moved:
+            for item_id, charge in charges.items():
+                BatchItem.objects.filter(id=item_id).update(charge_microusd=charge)
+            BatchItem.objects.filter(id__in=published).update(published=True)
+            credit_settle(
+                org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
+            )
+    # Accepted input is removed once the batch is terminal (SPEC §9). If this process dies
+    # right here, the retention sweep shreds it instead.
+    _shred_input(batch.input_file_id)
+    batch.refresh_from_db()
+    if moved:
+        logger.info(
+            "batch %s id=%s completed=%s failed=%s charge=%s",
+            terminal,
+            batch.id,
+            batch.completed,
+            batch.failed,
+            batch.charge_microusd,
+        )
+    return batch
+
+
+def _shred_input(file_id: str) -> None:
+    file = File.objects.filter(id=file_id).first()
+    if file is not None:
+        file_shred(file=file)
+
+
+def _charges(batch: Batch, published: list[BatchItem], items: list[BatchItem]) -> dict[int, int]:
+    if batch.billing == Batch.Billing.CATALOG:
+        prices = TokenPrices(
+            batch.price_input or 0, batch.price_cached_input or 0, batch.price_output or 0
+        )
+        return {
+            item.id: token_charge(
+                prices,
+                prompt=item.usage_prompt_tokens,
+                cached=item.usage_cached_tokens,
+                completion=item.usage_completion_tokens,
+            )
+            for item in published
+        }
+    # GPU time: every item the engine worked on, published or not (SPEC §8).
+    return {
+        item.id: gpu_charge(seconds=item.gpu_seconds, price_per_second=batch.gpu_second_price or 0)
+        for item in items
+        if item.gpu_seconds > 0
+    }
+
+
+def _usage(published: list[BatchItem]) -> dict:
+    prompt = sum(i.usage_prompt_tokens for i in published)
+    cached = sum(i.usage_cached_tokens for i in published)
+    completion = sum(i.usage_completion_tokens for i in published)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def batches_needing_finalization() -> list[str]:
+    """Batches that should be moving to a terminal state: a sweep re-drives them."""
+    return list(
+        Batch.objects.filter(
+            Q(status__in=(Batch.Status.FINALIZING, Batch.Status.CANCELLING))
+            | Q(status=Batch.Status.IN_PROGRESS) & ~Q(outcome="")
+        ).values_list("id", flat=True)
+    )

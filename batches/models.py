@@ -1,0 +1,189 @@
+"""Batches, their items and idempotency records. Rows hold ids, offsets and counts; item
+results are stored encrypted under the batch's own data key."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from boardwalk import clock
+from boardwalk.ids import new_id
+from boardwalk.models import Organization
+from files.models import File
+from inference.models import Deployment, ModelRevision
+
+
+def _batch_id() -> str:
+    return new_id("batch_")
+
+
+def _request_id() -> str:
+    return new_id("req_")
+
+
+def _row_id() -> str:
+    return new_id("batch_req_")
+
+
+class Batch(models.Model):
+    class Status(models.TextChoices):
+        IN_PROGRESS = "in_progress"
+        FINALIZING = "finalizing"
+        CANCELLING = "cancelling"
+        COMPLETED = "completed"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+        EXPIRED = "expired"
+
+    TERMINAL = (Status.COMPLETED, Status.CANCELLED, Status.FAILED, Status.EXPIRED)
+    UNFINISHED = (Status.IN_PROGRESS, Status.FINALIZING, Status.CANCELLING)
+
+    class Billing(models.TextChoices):
+        CATALOG = "catalog"
+        GPU_TIME = "gpu_time"
+
+    id = models.CharField(primary_key=True, max_length=40, default=_batch_id, editable=False)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="batches")
+    # One batch per input file (SPEC §5.1 decision); the DB enforces it.
+    input_file = models.OneToOneField(File, on_delete=models.PROTECT, related_name="batch")
+    endpoint = models.CharField(max_length=60, default="/v1/chat/completions")
+    completion_window = models.CharField(max_length=10, default="24h")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.IN_PROGRESS)
+    model_name = models.CharField(max_length=200)
+    revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, related_name="+")
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    billing = models.CharField(max_length=10, choices=Billing.choices)
+    price_input = models.BigIntegerField(null=True, blank=True)
+    price_cached_input = models.BigIntegerField(null=True, blank=True)
+    price_output = models.BigIntegerField(null=True, blank=True)
+    gpu_second_price = models.BigIntegerField(null=True, blank=True)
+    metadata = models.JSONField(null=True, blank=True)
+
+    total = models.PositiveIntegerField(default=0)
+    completed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+
+    hold_microusd = models.BigIntegerField(default=0)
+    charge_microusd = models.BigIntegerField(null=True, blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(null=True, blank=True)
+
+    output_file = models.ForeignKey(
+        File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    error_file = models.ForeignKey(
+        File, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Terminal state chosen when finalization began (completed/cancelled/expired/failed).
+    outcome = models.CharField(max_length=20, blank=True)
+
+    key_id = models.CharField(max_length=64)
+    wrapped_key = models.BinaryField(null=True, editable=False)
+
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+    expires_at = models.DateTimeField()
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "batches"
+        indexes = [
+            models.Index(fields=["org", "-created_at", "-id"]),
+            models.Index(fields=["status", "expires_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+    def aad(self) -> bytes:
+        return self.id.encode()
+
+
+class BatchItem(models.Model):
+    """One input line. Claimed with a lease; its result is written under a fencing token."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    DONE = (State.SUCCEEDED, State.FAILED)
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="items")
+    index = models.PositiveIntegerField()
+    custom_id = models.CharField(max_length=200)
+    line_offset = models.BigIntegerField()
+    line_length = models.BigIntegerField()
+    max_tokens = models.PositiveIntegerField()
+    n = models.PositiveSmallIntegerField(default=1)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+
+    # Denormalized from the batch so the claim query needs no join.
+    revision_id_key = models.CharField(max_length=40, db_index=True)
+    deployment_id_key = models.CharField(max_length=40, blank=True)
+    org_id_key = models.CharField(max_length=40)
+    deadline = models.DateTimeField()
+
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    lease_owner = models.CharField(max_length=100, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_token = models.PositiveBigIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+
+    request_id = models.CharField(max_length=40, unique=True, default=_request_id)
+    row_id = models.CharField(max_length=40, unique=True, default=_row_id)
+    result = models.BinaryField(null=True, editable=False)  # encrypted result row JSON
+    error_code = models.CharField(max_length=60, blank=True)
+    usage_prompt_tokens = models.PositiveIntegerField(default=0)
+    usage_cached_tokens = models.PositiveIntegerField(default=0)
+    usage_completion_tokens = models.PositiveIntegerField(default=0)
+    gpu_seconds = models.FloatField(default=0.0)
+    # Set at finalization for rows durably published in the output file.
+    published = models.BooleanField(default=False)
+    charge_microusd = models.BigIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["batch", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["batch", "index"], name="item_unique_index"),
+        ]
+        indexes = [
+            models.Index(fields=["revision_id_key", "state", "deadline"], name="item_claim_idx"),
+            models.Index(fields=["state", "lease_expires_at"], name="item_lease_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}#{self.index}"
+
+
+class IdempotencyRecord(models.Model):
+    """An Idempotency-Key of POST /v1/batches, scoped to the organization."""
+
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=256)
+    request_hash = models.CharField(max_length=64)
+    batch = models.ForeignKey(
+        Batch, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["org", "key"], name="idempotency_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.org_id}:{self.key}"

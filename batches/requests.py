@@ -1,0 +1,64 @@
+"""Parsing of the POST /v1/batches body (SPEC §5.1): strict, every problem a clear 400."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from boardwalk.errors import InvalidRequest
+
+FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
+ENDPOINT = "/v1/chat/completions"
+WINDOW = "24h"
+
+
+@dataclass(frozen=True)
+class BatchSubmission:
+    input_file_id: str
+    metadata: dict[str, str] | None
+
+
+def parse_submission(data: Any) -> BatchSubmission:
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_body")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown field {unknown[0]!r}; a batch takes only {', '.join(FIELDS)}.",
+            code="unknown_parameter",
+            param=unknown[0],
+        )
+    file_id = data.get("input_file_id")
+    if not isinstance(file_id, str) or not file_id:
+        raise InvalidRequest(
+            "input_file_id is required: the id returned by POST /v1/files.",
+            code="missing_required_parameter" if file_id is None else "invalid_input_file_id",
+            param="input_file_id",
+        )
+    if data.get("endpoint") != ENDPOINT:
+        raise InvalidRequest(
+            f"endpoint must be {ENDPOINT!r}, the only batch endpoint.",
+            code="invalid_endpoint",
+            param="endpoint",
+        )
+    if data.get("completion_window") != WINDOW:
+        raise InvalidRequest(
+            f"completion_window must be {WINDOW!r}, the only supported window.",
+            code="invalid_completion_window",
+            param="completion_window",
+        )
+    metadata = data.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise InvalidRequest(
+                "metadata must be an object or null.", code="invalid_metadata", param="metadata"
+            )
+        for key in metadata:
+            raise InvalidRequest(
+                f"Unsupported metadata key {key!r}: only BatchRouter assignment fields are "
+                "accepted, and this server does not take them yet.",
+                code="unsupported_metadata",
+                param=f"metadata.{key}",
+            )
+        metadata = None
+    return BatchSubmission(input_file_id=file_id, metadata=metadata)

@@ -1,0 +1,88 @@
+"""Reads of batches and receipts, always scoped to the organization."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from batches.models import Batch, BatchItem
+from boardwalk.errors import InvalidRequest, NotFound
+from boardwalk.models import Organization
+
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+
+
+def batch_get_for_org(*, org: Organization, batch_id: str) -> Batch:
+    batch = Batch.objects.filter(org=org, id=batch_id).select_related("revision").first()
+    if batch is None:
+        raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
+    return batch
+
+
+def parse_limit(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return DEFAULT_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequest(
+            f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_limit", param="limit"
+        )
+    return limit
+
+
+def _after(
+    queryset: QuerySet, *, after: str | None, row: object | None, fields: tuple[str, str]
+) -> QuerySet:
+    if not after:
+        return queryset
+    if row is None:
+        raise InvalidRequest(
+            f"Unknown cursor {after!r} for 'after'.", code="invalid_cursor", param="after"
+        )
+    first, second = fields
+    value = getattr(row, first)
+    return queryset.filter(
+        Q(**{f"{first}__lt": value}) | Q(**{first: value, f"{second}__lt": getattr(row, second)})
+    )
+
+
+def batches_page(*, org: Organization, limit: int, after: str | None) -> tuple[list[Batch], bool]:
+    """Newest first; `after` is the id of the last batch of the previous page."""
+    queryset = (
+        Batch.objects.filter(org=org).select_related("revision").order_by("-created_at", "-id")
+    )
+    cursor = Batch.objects.filter(org=org, id=after).first() if after else None
+    rows = list(_after(queryset, after=after, row=cursor, fields=("created_at", "id"))[: limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
+def receipt_get_for_org(*, org: Organization, request_id: str) -> BatchItem:
+    item = (
+        BatchItem.objects.filter(org_id_key=org.id, request_id=request_id, published=True)
+        .select_related("batch")
+        .first()
+    )
+    if item is None:
+        raise NotFound(f"No request with id {request_id!r}.", param="request_id")
+    return item
+
+
+def receipts_page(
+    *, org: Organization, batch_id: str | None, limit: int, after: str | None
+) -> tuple[list[BatchItem], bool]:
+    queryset = BatchItem.objects.filter(org_id_key=org.id, published=True).select_related("batch")
+    if batch_id:
+        queryset = queryset.filter(batch_id=batch_id)
+    queryset = queryset.order_by("-completed_at", "-id")
+    cursor = (
+        BatchItem.objects.filter(org_id_key=org.id, request_id=after, published=True).first()
+        if after
+        else None
+    )
+    rows = list(
+        _after(queryset, after=after, row=cursor, fields=("completed_at", "id"))[: limit + 1]
+    )
+    return rows[:limit], len(rows) > limit

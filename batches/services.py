@@ -1,0 +1,296 @@
+"""Batch writes: create (with idempotency, credit hold and capacity checks) and cancel."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+import orjson
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from batches import idempotency
+from batches.models import Batch, BatchItem
+from batches.requests import BatchSubmission
+from batches.tasks import batch_finalize_later, engine_wake_later
+from billing.pricing import TokenPrices, token_hold
+from billing.selectors import credit_for_org
+from billing.services import credit_hold
+from boardwalk import clock
+from boardwalk.errors import CapacityExceeded, Conflict, InsufficientCredit, InvalidRequest
+from boardwalk.models import Organization
+from files.crypto import Keyring, new_data_key
+from files.limits import ACCEPTED_INPUT_TTL
+from files.models import File
+from files.selectors import file_get_for_org
+from files.services import file_iter_lines
+from inference.chat_completions import max_output_tokens, prompt_ids
+from inference.runtime import tokenizer_for
+from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
+
+logger = logging.getLogger(__name__)
+
+WINDOW = dt.timedelta(hours=24)
+MAX_UNFINISHED_PER_ORG = 4
+MAX_PRIVATE_ITEMS = 95
+
+
+@dataclass(frozen=True)
+class ItemPlan:
+    index: int
+    custom_id: str
+    offset: int
+    length: int
+    max_tokens: int
+    n: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Everything acceptance fixes, computed before any row is written."""
+
+    file: File
+    target: ResolvedModel
+    items: list[ItemPlan]
+    hold_microusd: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(i.prompt_tokens for i in self.items)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return sum(i.max_tokens * i.n for i in self.items)
+
+
+def _input_file(*, org: Organization, file_id: str) -> File:
+    file = file_get_for_org(org=org, file_id=file_id)
+    problem = None
+    if file.purpose != File.Purpose.BATCH:
+        problem = "is not a batch input file (purpose must be 'batch')"
+    elif file.status != File.Status.PROCESSED or file.wrapped_key is None:
+        problem = "was deleted"
+    elif file.expires_at is not None and file.expires_at <= clock.now():
+        problem = "has expired (unused input files are kept 24 hours); upload it again"
+    elif Batch.objects.filter(input_file=file).exists():
+        problem = "is already the input of another batch; upload it again for a new batch"
+    if problem:
+        raise InvalidRequest(
+            f"Input file {file.id} {problem}.", code="invalid_input_file_id", param="input_file_id"
+        )
+    return file
+
+
+def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
+    file = _input_file(org=org, file_id=submission.input_file_id)
+    try:
+        target = model_resolve(org=org, name=file.model)
+    except ModelNotUsable as exc:
+        raise InvalidRequest(
+            f"The input file's model cannot be used: {exc.message}",
+            code=exc.code,
+            param="input_file_id",
+        ) from exc
+    tokenizer = tokenizer_for(target.revision)
+    index = file.line_index or []
+    items = []
+    lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))
+    for i, (row, line) in enumerate(zip(index, lines, strict=True)):
+        body = orjson.loads(line)["body"]
+        offset, length, custom_id, _, n = row
+        items.append(
+            ItemPlan(
+                i,
+                custom_id,
+                offset,
+                length,
+                max_output_tokens(body),
+                n,
+                len(prompt_ids(tokenizer, body)),
+            )
+        )
+    if target.kind == "catalog":
+        prices = TokenPrices(
+            target.catalog.price_input,
+            target.catalog.price_cached_input,
+            target.catalog.price_output,
+        )
+        hold = sum(
+            token_hold(prices, prompt=i.prompt_tokens, max_output=i.max_tokens * i.n) for i in items
+        )
+    else:
+        tokens = sum(i.prompt_tokens + i.max_tokens * i.n for i in items)
+        micro_gpu_seconds = tokens * settings.GPU_MICROSECONDS_PER_TOKEN_ESTIMATE
+        hold = -(-micro_gpu_seconds * target.deployment.gpu_second_price // 1_000_000)
+    return BatchPlan(file=file, target=target, items=items, hold_microusd=hold)
+
+
+def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
+    """429s (SPEC §5.1). Caller holds the org row lock, so counts cannot race."""
+    unfinished = Batch.objects.filter(org=org, status__in=Batch.UNFINISHED).count()
+    if unfinished >= MAX_UNFINISHED_PER_ORG:
+        raise CapacityExceeded(
+            f"Your organization already has {unfinished} unfinished batches (the limit is "
+            f"{MAX_UNFINISHED_PER_ORG}); wait for one to finish or cancel one.",
+            code="too_many_unfinished_batches",
+        )
+    if plan.target.kind == "deployment" and len(plan.items) > MAX_PRIVATE_ITEMS:
+        raise CapacityExceeded(
+            f"Batches on a private deployment take at most {MAX_PRIVATE_ITEMS} items; this file "
+            f"has {len(plan.items)}. Split it into smaller files.",
+            code="private_batch_too_large",
+        )
+    queued = BatchItem.objects.filter(state=BatchItem.State.PENDING).count()
+    if queued + len(plan.items) > settings.MAX_QUEUED_ITEMS:
+        raise CapacityExceeded(
+            "The batch queue is full right now; retry later.",
+            code="queue_backlog_full",
+            retry_after=300,
+        )
+
+
+def _check_credit(*, org: Organization, plan: BatchPlan) -> None:
+    available = credit_for_org(org_id=org.id).available
+    if available < plan.hold_microusd:
+        raise InsufficientCredit(
+            f"This batch may cost up to {plan.hold_microusd} µUSD but your organization has "
+            f"{available} µUSD of available credit. Ask an administrator for more credit or "
+            "submit fewer or shorter requests.",
+            code="insufficient_credit",
+        )
+
+
+def _create_rows(*, org: Organization, plan: BatchPlan, metadata: dict | None) -> Batch:
+    now = clock.now()
+    target = plan.target
+    key_id, wrapped = Keyring.current().wrap(new_data_key())
+    fields = {}
+    if target.kind == "catalog":
+        fields = {
+            "billing": Batch.Billing.CATALOG,
+            "price_input": target.catalog.price_input,
+            "price_cached_input": target.catalog.price_cached_input,
+            "price_output": target.catalog.price_output,
+        }
+    else:
+        fields = {
+            "billing": Batch.Billing.GPU_TIME,
+            "deployment": target.deployment,
+            "gpu_second_price": target.deployment.gpu_second_price,
+        }
+    batch = Batch.objects.create(
+        org=org,
+        input_file=plan.file,
+        model_name=target.name,
+        revision=target.revision,
+        metadata=metadata,
+        total=len(plan.items),
+        hold_microusd=plan.hold_microusd,
+        key_id=key_id,
+        wrapped_key=wrapped,
+        created_at=now,
+        expires_at=now + WINDOW,
+        **fields,
+    )
+    deployment_id = target.deployment.id if target.deployment else ""
+    BatchItem.objects.bulk_create(
+        [
+            BatchItem(
+                batch=batch,
+                index=i.index,
+                custom_id=i.custom_id,
+                line_offset=i.offset,
+                line_length=i.length,
+                max_tokens=i.max_tokens,
+                n=i.n,
+                prompt_tokens=i.prompt_tokens,
+                revision_id_key=target.revision.id,
+                deployment_id_key=deployment_id,
+                org_id_key=org.id,
+                deadline=batch.expires_at,
+            )
+            for i in plan.items
+        ],
+        batch_size=500,
+    )
+    credit_hold(org_id=org.id, batch_id=batch.id, amount_microusd=plan.hold_microusd)
+    # Accepted input is kept until the batch ends, and 48 hours after acceptance at most.
+    File.objects.filter(pk=plan.file.pk).update(expires_at=now + ACCEPTED_INPUT_TTL)
+    return batch
+
+
+def batch_create(
+    *, org: Organization, submission: BatchSubmission, idempotency_key: str, request_digest: str
+) -> Batch:
+    existing = idempotency.key_acquire(org=org, key=idempotency_key, digest=request_digest)
+    if existing is not None:
+        return existing
+    try:
+        plan = _plan(org=org, submission=submission)
+        with transaction.atomic():
+            # One org's creates serialize here: capacity and credit are checked and held
+            # atomically, so two racing batches cannot both spend the last credit.
+            Organization.objects.select_for_update().get(pk=org.pk)
+            _check_capacity(org=org, plan=plan)
+            _check_credit(org=org, plan=plan)
+            try:
+                with transaction.atomic():
+                    batch = _create_rows(org=org, plan=plan, metadata=submission.metadata)
+            except IntegrityError as exc:
+                raise InvalidRequest(
+                    f"Input file {plan.file.id} is already the input of another batch.",
+                    code="invalid_input_file_id",
+                    param="input_file_id",
+                ) from exc
+            idempotency.key_complete(org=org, key=idempotency_key, batch=batch)
+            transaction.on_commit(lambda: engine_wake_later(batch))
+    except BaseException:
+        idempotency.key_release(org=org, key=idempotency_key)
+        raise
+    logger.info(
+        "batch accepted id=%s org=%s items=%s hold=%s",
+        batch.id,
+        org.id,
+        batch.total,
+        plan.hold_microusd,
+    )
+    return batch
+
+
+def batch_estimate(*, org: Organization, submission: BatchSubmission) -> dict:
+    plan = _plan(org=org, submission=submission)
+    credit = credit_for_org(org_id=org.id)
+    return {
+        "object": "batch.estimate",
+        "input_file_id": plan.file.id,
+        "model": plan.target.name,
+        "model_config_id": plan.target.revision.id,
+        "billing": "catalog" if plan.target.kind == "catalog" else "gpu_time",
+        "request_count": len(plan.items),
+        "prompt_tokens": plan.prompt_tokens,
+        "max_output_tokens": plan.max_output_tokens,
+        "max_charge_microusd": str(plan.hold_microusd),
+        "available_credit_microusd": str(credit.available),
+        "credit_sufficient": credit.available >= plan.hold_microusd,
+    }
+
+
+def batch_cancel(*, batch: Batch) -> Batch:
+    """in_progress → cancelling; repeating it is harmless; terminal batches refuse (409)."""
+    now = clock.now()
+    moved = Batch.objects.filter(id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="").update(
+        status=Batch.Status.CANCELLING, outcome=Batch.Status.CANCELLED, cancelling_at=now
+    )
+    batch.refresh_from_db()
+    if moved:
+        logger.info("batch cancelling id=%s", batch.id)
+        transaction.on_commit(lambda: batch_finalize_later(batch.id))
+        return batch
+    if batch.is_terminal:
+        raise Conflict(
+            f"Batch {batch.id} is already {batch.status}; it cannot be cancelled.",
+            code="batch_not_cancellable",
+        )
+    return batch  # cancelling or finalizing already: unchanged

@@ -1,0 +1,56 @@
+"""Periodic housekeeping: the database, not the broker, is the source of truth for work.
+
+One pass returns expired leases, expires overdue batches, re-drives finalization that a lost
+message or a crash left behind, shreds files past retention, and reports which engine keys
+still have claimable items so the caller can wake them. Every step is idempotent; any
+number of processes may sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from batches.items import EngineKey, keys_with_claimable_items, leases_recover
+from batches.lifecycle import (
+    batch_expire,
+    batch_mark_complete_if_done,
+    batches_needing_finalization,
+)
+from batches.models import Batch, BatchItem
+from batches.retention import retention_sweep
+from boardwalk import clock
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    requeued: int = 0
+    failed: int = 0
+    expired: list[str] = field(default_factory=list)
+    to_finalize: list[str] = field(default_factory=list)
+    to_wake: set[EngineKey] = field(default_factory=set)
+    shredded: int = 0
+
+
+def sweep_work() -> SweepReport:
+    report = SweepReport()
+    report.requeued, report.failed = leases_recover()
+    for batch in Batch.objects.filter(
+        status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
+    ):
+        if batch_expire(batch=batch):
+            report.expired.append(batch.id)
+    # Batches whose last item finished while their finalize message was lost.
+    idle = (
+        Batch.objects.filter(status=Batch.Status.IN_PROGRESS, outcome="")
+        .exclude(items__state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+        .values_list("id", flat=True)
+    )
+    for batch_id in list(idle):
+        batch_mark_complete_if_done(batch_id=batch_id)
+    report.to_finalize = batches_needing_finalization()
+    report.to_wake = keys_with_claimable_items()
+    report.shredded = retention_sweep()
+    return report

@@ -1,0 +1,150 @@
+"""Generated tokens per second: our continuous-batching Engine against plain `model.generate`.
+
+    .venv/bin/python benchmarks/engine.py [--model-dir DIR] [--requests 64] [--batch-size 32]
+
+Runs the same chat requests (mixed prompt lengths, mixed max_tokens, fixed RNG) through
+(a) one `model.generate` call per request, (b) padded static batches of 16 in input order, and
+(c) the Engine, on the "bench" demo model (built offline on first use). Every request generates
+exactly its max_tokens in all three (end-of-sequence suppressed), so the useful work is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from inference.demo_model import _CORPUS, build_demo_model  # noqa: E402
+from inference.engine import (  # noqa: E402
+    Engine,
+    GenerationRequest,
+    SamplingParams,
+    load_model,
+    render_prompt,
+)
+
+STATIC_BATCH = 16
+
+
+def make_requests(tokenizer, count: int, seed: int) -> list[GenerationRequest]:
+    rng = random.Random(seed)
+    words = _CORPUS.split()
+    requests = []
+    for i in range(count):
+        start = rng.randrange(len(words))
+        length = rng.choice([8, 20, 40, 80, 160])
+        text = " ".join(words[(start + j) % len(words)] for j in range(length))
+        messages = [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": text},
+        ]
+        params = SamplingParams(
+            max_new_tokens=rng.randint(16, 128), temperature=0.0, ignore_eos=True
+        )
+        requests.append(GenerationRequest(str(i), render_prompt(tokenizer, messages), params))
+    return requests
+
+
+def run_single(model, requests) -> tuple[int, float]:
+    began = time.perf_counter()
+    tokens = 0
+    for r in requests:
+        n = r.params.max_new_tokens
+        out = model.generate(
+            torch.tensor([r.prompt_ids]),
+            attention_mask=torch.ones(1, len(r.prompt_ids), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+        )
+        assert out.shape[1] - len(r.prompt_ids) == n
+        tokens += n
+    return tokens, time.perf_counter() - began
+
+
+def run_static(model, tokenizer, requests) -> tuple[int, float]:
+    """Padded batches in input order: each batch runs until its longest max_tokens."""
+    pad = tokenizer.pad_token_id
+    began = time.perf_counter()
+    tokens = 0
+    for lo in range(0, len(requests), STATIC_BATCH):
+        batch = requests[lo : lo + STATIC_BATCH]
+        width = max(len(r.prompt_ids) for r in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
+        n = max(r.params.max_new_tokens for r in batch)
+        model.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
+        # Only each request's own max_tokens is useful output; the rest is the padding cost.
+        tokens += sum(r.params.max_new_tokens for r in batch)
+    return tokens, time.perf_counter() - began
+
+
+def run_engine(engine: Engine, requests) -> tuple[int, float]:
+    began = time.perf_counter()
+    tokens = 0
+    for result in engine.generate(iter(requests)):
+        assert result.error is None and len(result.choices[0].token_ids) == int(
+            requests[int(result.id)].params.max_new_tokens
+        )
+        tokens += result.completion_tokens
+    return tokens, time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=ROOT / "var/models/tiny-chat-bench")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32, help="Engine max_batch_size")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--skip-single", action="store_true", help="skip (a), the slowest")
+    args = parser.parse_args()
+
+    model_dir = build_demo_model(args.model_dir, size="bench")
+    model, tokenizer = load_model(str(model_dir))
+    params = sum(p.numel() for p in model.parameters())
+    requests = make_requests(tokenizer, args.requests, args.seed)
+    prompt_lengths = sorted(len(r.prompt_ids) for r in requests)
+    print(
+        f"model {model_dir.name}: {params / 1e6:.1f}M params, {model.dtype}, "
+        f"torch threads {torch.get_num_threads()}; {len(requests)} requests, prompt tokens "
+        f"{prompt_lengths[0]}..{prompt_lengths[-1]}, max_tokens 16..128, "
+        f"{sum(r.params.max_new_tokens for r in requests)} tokens to generate"
+    )
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=args.batch_size)
+    # Warm-up: first calls pay one-off allocation and kernel selection costs.
+    run_engine(engine, requests[:4])
+
+    rates: dict[str, float] = {}
+    runs = [
+        ("(b) static batches of 16", lambda: run_static(model, tokenizer, requests)),
+        (f"(c) engine, batch {args.batch_size}", lambda: run_engine(engine, requests)),
+    ]
+    if not args.skip_single:
+        runs.insert(0, ("(a) one request at a time", lambda: run_single(model, requests)))
+    for name, run in runs:
+        with torch.inference_mode():
+            tokens, seconds = run()
+        rates[name[:3]] = tokens / seconds
+        print(f"{name:28} {tokens:6d} tokens {seconds:7.1f} s {tokens / seconds:8.1f} tok/s")
+    engine_rate = rates["(c)"]
+    for key in ("(a)", "(b)"):
+        if key in rates:
+            print(f"engine / {key}: {engine_rate / rates[key]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Upload benchmark (issue: Files API): validate + encrypt + store a 256 MiB, 1,000-line file.
+
+Measured side by side in one run, each variant in a fresh subprocess (so peak RSS is its own):
+
+- baseline: a bare loop that only `json.loads` each line of the file;
+- boardwalk: the real server path — Django's MultiPartParser reading a multipart body from
+  disk in 1 MiB chunks into StreamingUploadHandler (line validation + AES-GCM encryption
+  into a spool), then `file_create_from_upload` (store the blob, write the File row).
+
+Prints throughput (MB/s of the JSONL file) and peak memory growth (RSS above the
+process's level after imports and set-up) for both.
+
+    .venv/bin/python benchmarks/upload.py [--mib 256] [--lines 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BOUNDARY = "----boardwalkbench"
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def make_file(path: Path, *, mib: int, lines: int) -> None:
+    target = mib * 1024 * 1024
+    overhead = len(_line(0, ""))
+    per_line = target // lines - overhead - 1
+    with path.open("wb") as out:
+        for i in range(lines):
+            words = (
+                "lorem ipsum dolor sit amet consectetur adipiscing elit " * (per_line // 56 + 1)
+            )[:per_line]
+            out.write(_line(i, words) + b"\n")
+
+
+def _line(i: int, text: str) -> bytes:
+    row = {
+        "custom_id": f"task-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "boardwalk/tiny-chat",
+            "messages": [{"role": "user", "content": text}],
+            "max_completion_tokens": 64,
+        },
+    }
+    return json.dumps(row, separators=(",", ":")).encode()
+
+
+def run_baseline(path: Path) -> dict:
+    base = _rss_mib()
+    start = time.perf_counter()
+    with path.open("rb") as handle:
+        for line in handle:
+            json.loads(line)
+    elapsed = time.perf_counter() - start
+    return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base}
+
+
+def run_boardwalk(path: Path, data_dir: Path) -> dict:
+    os.environ["BOARDWALK_DATA_DIR"] = str(data_dir)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.http.multipartparser import MultiPartParser
+
+    from boardwalk.services import org_create
+    from files.services import file_create_from_upload
+    from files.upload import StreamingUploadHandler
+    from files.validation import ModelTarget
+
+    call_command("migrate", verbosity=0)
+    org = org_create(name=f"bench-{time.time_ns()}")
+
+    def resolve(name: str) -> ModelTarget:
+        return ModelTarget(name=name, context_length=2048, media=frozenset())
+
+    body_path = data_dir / "multipart.bin"
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="r.jsonl"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{BOUNDARY}--\r\n".encode()
+    with body_path.open("wb") as out, path.open("rb") as src:
+        out.write(head)
+        while chunk := src.read(8 * 1024 * 1024):
+            out.write(chunk)
+        out.write(tail)
+    size = body_path.stat().st_size
+    meta = {
+        "CONTENT_TYPE": f"multipart/form-data; boundary={BOUNDARY}",
+        "CONTENT_LENGTH": str(size),
+    }
+    base = _rss_mib()
+    start = time.perf_counter()
+    handler = StreamingUploadHandler(None, resolver=resolve)
+    with body_path.open("rb") as stream:
+        post, _ = MultiPartParser(meta, stream, [handler]).parse()
+    file = file_create_from_upload(org=org, purpose=post["purpose"], upload=handler.upload)
+    elapsed = time.perf_counter() - start
+    assert file.line_count > 0, "validation failed"
+    return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base, "lines": file.line_count}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument("--variant", choices=["baseline", "boardwalk"])
+    parser.add_argument("--file")
+    parser.add_argument("--data-dir")
+    args = parser.parse_args()
+    if args.variant:
+        path = Path(args.file)
+        result = (
+            run_baseline(path)
+            if args.variant == "baseline"
+            else run_boardwalk(path, Path(args.data_dir))
+        )
+        print(json.dumps(result))
+        return
+    with tempfile.TemporaryDirectory(prefix="bw-upload-bench-") as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        make_file(path, mib=args.mib, lines=args.lines)
+        size_mb = path.stat().st_size / 1e6
+        results = {}
+        for variant in ("baseline", "boardwalk"):
+            data_dir = Path(tmp) / f"data-{variant}"
+            data_dir.mkdir()
+            out = subprocess.run(  # noqa: S603
+                [
+                    sys.executable,
+                    __file__,
+                    "--variant",
+                    variant,
+                    "--file",
+                    str(path),
+                    "--data-dir",
+                    str(data_dir),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+            )
+            results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"file: {size_mb:.1f} MB, {args.lines} lines")
+        print(f"{'variant':<34}{'seconds':>9}{'MB/s':>9}{'peak RSS growth':>18}")
+        for name, label in (
+            ("baseline", "bare json.loads loop"),
+            ("boardwalk", "validate+encrypt+store (boardwalk)"),
+        ):
+            r = results[name]
+            speed = size_mb / r["seconds"]
+            print(f"{label:<34}{r['seconds']:>9.2f}{speed:>9.0f}{r['peak_growth_mib']:>15.1f} MiB")
+        ratio = results["baseline"]["seconds"] / results["boardwalk"]["seconds"]
+        print(f"boardwalk speed vs baseline: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Writes to the credit ledger. Every entry is keyed, so a retry can never double-count."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from django.db import IntegrityError, transaction
+
+from billing.models import LedgerEntry
+from boardwalk.errors import InvalidRequest
+from boardwalk.models import Organization
+
+logger = logging.getLogger(__name__)
+
+
+def _append(
+    *, org_id: str, kind: str, amount: int, key: str, batch_id: str = "", memo: str = ""
+) -> bool:
+    """Append one entry; False if an entry with this key exists already (a retry)."""
+    try:
+        with transaction.atomic():
+            LedgerEntry.objects.create(
+                org_id=org_id,
+                kind=kind,
+                amount_microusd=amount,
+                idempotency_key=key,
+                batch_id=batch_id,
+                memo=memo,
+            )
+    except IntegrityError:
+        if LedgerEntry.objects.filter(idempotency_key=key).exists():
+            return False
+        raise
+    return True
+
+
+def credit_grant(*, org: Organization, amount_microusd: int, memo: str = "") -> LedgerEntry:
+    if amount_microusd <= 0:
+        raise InvalidRequest(
+            "A credit grant must be a positive number of micro-USD.", code="invalid_amount"
+        )
+    key = f"grant:{secrets.token_hex(12)}"
+    _append(org_id=org.id, kind=LedgerEntry.Kind.GRANT, amount=amount_microusd, key=key, memo=memo)
+    logger.info("credit granted org=%s amount=%s", org.id, amount_microusd)
+    return LedgerEntry.objects.get(idempotency_key=key)
+
+
+def credit_hold(*, org_id: str, batch_id: str, amount_microusd: int) -> None:
+    """Reserve credit for a batch. Caller holds the org row lock and checked availability."""
+    _append(
+        org_id=org_id,
+        kind=LedgerEntry.Kind.HOLD,
+        amount=amount_microusd,
+        key=f"hold:{batch_id}",
+        batch_id=batch_id,
+    )
+
+
+def credit_settle(*, org_id: str, batch_id: str, charge_microusd: int) -> None:
+    """Replace a batch's hold by its actual charge; safe to call any number of times."""
+    with transaction.atomic():
+        hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{batch_id}").first()
+        if hold is not None:
+            _append(
+                org_id=org_id,
+                kind=LedgerEntry.Kind.RELEASE,
+                amount=hold.amount_microusd,
+                key=f"release:{batch_id}",
+                batch_id=batch_id,
+            )
+        if charge_microusd > 0:
+            _append(
+                org_id=org_id,
+                kind=LedgerEntry.Kind.CHARGE,
+                amount=charge_microusd,
+                key=f"charge:{batch_id}",
+                batch_id=batch_id,
+            )

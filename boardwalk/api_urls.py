@@ -1,0 +1,21 @@
+"""Every public endpoint under /v1 (SPEC §2's scope matrix lives on the views)."""
+
+from django.urls import path
+
+from batches import views as batches
+from files import views as files
+from inference import views as inference
+
+urlpatterns = [
+    path("files", files.FileCollectionView.as_view(), name="files"),
+    path("files/<str:file_id>", files.FileDetailView.as_view(), name="file"),
+    path("files/<str:file_id>/content", files.FileContentView.as_view(), name="file-content"),
+    path("batches", batches.BatchCollectionView.as_view(), name="batches"),
+    path("batches/estimate", batches.BatchEstimateView.as_view(), name="batch-estimate"),
+    path("batches/<str:batch_id>", batches.BatchDetailView.as_view(), name="batch"),
+    path("batches/<str:batch_id>/cancel", batches.BatchCancelView.as_view(), name="batch-cancel"),
+    path("requests", batches.ReceiptListView.as_view(), name="requests"),
+    path("requests/<str:request_id>", batches.ReceiptDetailView.as_view(), name="request"),
+    path("models", inference.ModelListView.as_view(), name="models"),
+    path("models/<path:name>", inference.ModelDetailView.as_view(), name="model"),
+]

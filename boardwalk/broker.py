@@ -1,0 +1,73 @@
+"""The Dramatiq broker, configured explicitly (never django-dramatiq's defaults).
+
+The broker only wakes workers (DESIGN decision 1); the database holds every item's state
+and lease, and a periodic sweep re-wakes work whose message was lost. So losing or
+duplicating a message costs latency, never work.
+
+- REDIS_URL set: a RedisBroker with a short heartbeat and frequent maintenance, so a killed
+  worker's unacked message is re-delivered within seconds (the defaults took > 15 minutes).
+- REDIS_URL unset (embedded default): a StubBroker consumed by an in-process worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dramatiq
+from django.conf import settings
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import (
+    AgeLimit,
+    Callbacks,
+    Pipelines,
+    Retries,
+    ShutdownNotifications,
+    TimeLimit,
+)
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_TIMEOUT_MS = 5_000
+MAINTENANCE_CHANCE = 100_000  # out of 1,000,000 broker commands: about every tenth
+# Actors bound their own work (see inference.tasks); this is the backstop. Dramatiq's
+# TimeLimitExceeded is a BaseException, so no `except Exception` swallows it.
+DEFAULT_TIME_LIMIT_MS = 30 * 60 * 1000
+
+_broker: dramatiq.Broker | None = None
+
+
+def _middleware() -> list[dramatiq.Middleware]:
+    return [
+        AgeLimit(),
+        TimeLimit(time_limit=DEFAULT_TIME_LIMIT_MS, interval=1000),
+        ShutdownNotifications(),
+        Callbacks(),
+        Pipelines(),
+        Retries(max_retries=5, min_backoff=1_000, max_backoff=60_000),
+    ]
+
+
+def setup_broker() -> dramatiq.Broker:
+    """Create and install the global broker once per process (before actors are declared)."""
+    global _broker
+    if _broker is not None:
+        return _broker
+    if settings.REDIS_URL:
+        broker: dramatiq.Broker = RedisBroker(
+            url=settings.REDIS_URL,
+            namespace=settings.BROKER_NAMESPACE,
+            middleware=_middleware(),
+            heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
+            maintenance_chance=MAINTENANCE_CHANCE,
+        )
+    else:
+        broker = StubBroker(middleware=_middleware())
+        broker.emit_after("process_boot")
+    dramatiq.set_broker(broker)
+    _broker = broker
+    return broker
+
+
+def is_embedded() -> bool:
+    return not settings.REDIS_URL

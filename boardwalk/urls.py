@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from boardwalk.views import healthz
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("v1/", include("boardwalk.api_urls")),
+]
+
+handler400 = "boardwalk.errors.handler400"
+handler403 = "boardwalk.errors.handler403"
+handler404 = "boardwalk.errors.handler404"
+handler500 = "boardwalk.errors.handler500"

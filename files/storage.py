@@ -1,0 +1,416 @@
+"""The content store: encrypted blobs by name, on the `content` storage of settings.STORAGES.
+
+Only ciphertext ever reaches the store (see files.crypto). Reads are ranged so that serving a
+byte range of a large file fetches only the chunks covering it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from typing import IO, Any, Protocol
+
+from botocore.exceptions import ClientError
+from django.core.exceptions import ImproperlyConfigured
+from django.core.files import File as DjangoFile
+from django.core.files.storage import FileSystemStorage, Storage, storages
+from storages.backends.s3 import S3Storage
+from storages.utils import clean_name
+
+from files.crypto import ChunkEncryptor, decrypt_range
+
+_COPY_BUFFER = 1024 * 1024
+# Local blobs are written in windows: each full one is handed to the kernel for writeback at
+# once, and every few windows a background thread flushes the file to stable storage, so that
+# the disk works while the upload streams rather than all in the final fsync.
+_WRITEBACK_WINDOW = 8 * 1024 * 1024
+_EVICT_LAG = 4  # windows: the one this far behind has been written back by now
+_SYNC_EVERY = 32 * 1024 * 1024
+_STAGING_DIR = ".incoming"
+
+
+class BlobWriter(Protocol):
+    """A blob being written: nothing shows under any name until `commit`."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def commit(self, name: str) -> int:
+        """Make the bytes durable under `name`, replacing any blob; returns the size."""
+
+    def abort(self) -> None:
+        """Drop what was written; safe to call more than once, and after `commit`."""
+
+
+class ContentStore(Protocol):
+    def open_writer(self) -> BlobWriter:
+        """A new blob to write, streamed to where it will be stored when possible."""
+
+    def save(self, name: str, fileobj: IO[bytes]) -> None:
+        """Store the whole of `fileobj` (from its start) under `name`, replacing any blob."""
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        """Up to `length` bytes from `offset`; fewer only at the end of the blob."""
+
+    def delete(self, name: str) -> None:
+        """Remove the blob; a missing one is fine."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def size(self, name: str) -> int:
+        """Stored size in bytes; FileNotFoundError if missing."""
+
+
+class FileSystemContentStore:
+    def __init__(self, storage: FileSystemStorage) -> None:
+        self.storage = storage
+
+    def open_writer(self) -> BlobWriter:
+        # Staged under the content directory itself, so that commit is a rename on the same
+        # file system: the bytes are written once. What a crash leaves here is never named.
+        staging = os.path.join(self.storage.location, _STAGING_DIR)
+        self._make_directory(staging)
+        return _LocalBlobWriter(self, staging)
+
+    def save(self, name: str, fileobj: IO[bytes]) -> None:
+        writer = self.open_writer()
+        try:
+            fileobj.seek(0)
+            while chunk := fileobj.read(_COPY_BUFFER):
+                writer.write(chunk)
+            writer.commit(name)
+        finally:
+            writer.abort()
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        with open(self.storage.path(name), "rb") as blob:
+            blob.seek(offset)
+            return blob.read(length)
+
+    def delete(self, name: str) -> None:
+        self.storage.delete(name)
+
+    def exists(self, name: str) -> bool:
+        return self.storage.exists(name)
+
+    def size(self, name: str) -> int:
+        return self.storage.size(name)
+
+    def _make_directory(self, directory: str) -> None:
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            if self.storage.directory_permissions_mode is not None:
+                os.chmod(directory, self.storage.directory_permissions_mode)
+
+
+class _LocalBlobWriter:
+    def __init__(self, store: FileSystemContentStore, staging: str) -> None:
+        self._store = store
+        self._fd, self._path = tempfile.mkstemp(dir=staging, prefix="blob-")
+        self._open = True
+        self._size = 0
+        self._kicked = 0  # bytes handed to writeback so far
+        self._synced_to = 0  # bytes written when a background flush was last asked for
+        self._syncer: _BackgroundSync | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._open:
+            raise ValueError("blob writer already committed or aborted")
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+            self._size += written
+        if self._size - self._kicked >= _WRITEBACK_WINDOW:
+            self._writeback()
+
+    def commit(self, name: str) -> int:
+        if not self._open:
+            raise ValueError("blob writer already committed or aborted")
+        path = self._store.storage.path(name)  # refuses names outside the directory
+        directory = os.path.dirname(path)
+        self._store._make_directory(directory)
+        syncer, self._syncer = self._syncer, None
+        try:
+            if syncer is not None:
+                syncer.stop()
+            # Durable before the row that points at it commits. A background flush may be
+            # under way: this one waits for it and for whatever came after.
+            os.fsync(self._fd)
+        finally:
+            if syncer is not None:
+                syncer.join()
+        os.close(self._fd)
+        self._open = False
+        if self._store.storage.file_permissions_mode is not None:
+            os.chmod(self._path, self._store.storage.file_permissions_mode)
+        os.replace(self._path, path)
+        _fsync_directory(directory)
+        return self._size
+
+    def abort(self) -> None:
+        if self._syncer is not None:
+            # Joined before the descriptor closes: its number could be reused meanwhile.
+            self._syncer.stop()
+            self._syncer.join()
+            self._syncer = None
+        if self._open:
+            self._open = False
+            os.close(self._fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)
+
+    def _writeback(self) -> None:
+        start, end = self._kicked, self._size
+        self._kicked = end
+        if _fadvise is not None:
+            # DONTNEED starts writeback of the dirty pages of the range without waiting, and
+            # drops pages already written: those of an older window go, so the upload keeps
+            # little page cache and the pages it takes next are recently used ones.
+            _fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+            old = start - _EVICT_LAG * _WRITEBACK_WINDOW
+            if old >= 0:
+                _fadvise(self._fd, old, _WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
+        if end - self._synced_to >= _SYNC_EVERY:
+            self._synced_to = end
+            if self._syncer is None:
+                self._syncer = _BackgroundSync(self._fd)
+            self._syncer.request()
+            error = self._syncer.error
+            if error is not None:
+                raise error
+
+
+class _BackgroundSync:
+    """Flushes a file to stable storage from a thread, on request, while it is written.
+
+    The final fsync then has little left to do. A flush error is kept and raised by the
+    writer: once reported to one fsync, the kernel does not report it to the next.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._condition = threading.Condition()
+        self._requested = False
+        self._stopping = False
+        self.error: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="blob-sync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        with self._condition:
+            self._requested = True
+            self._condition.notify()
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not (self._requested or self._stopping):
+                    self._condition.wait()
+                if self._stopping:
+                    return
+                self._requested = False
+            try:
+                _fdatasync(self._fd)
+            except OSError as exc:
+                self.error = exc
+                return
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a rename into `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_fadvise = getattr(os, "posix_fadvise", None)
+_fdatasync = getattr(os, "fdatasync", os.fsync)
+
+
+class _TemporaryBlobWriter:
+    """For stores that take a whole object (S3): spool to a temporary file, then upload it."""
+
+    def __init__(self, store: ContentStore) -> None:
+        self._store = store
+        self._tmp: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._tmp is None:
+            raise ValueError("blob writer already committed or aborted")
+        self._tmp.write(data)
+
+    def commit(self, name: str) -> int:
+        if self._tmp is None:
+            raise ValueError("blob writer already committed or aborted")
+        size = self._tmp.tell()
+        self._tmp.flush()
+        self._store.save(name, self._tmp)
+        self.abort()
+        return size
+
+    def abort(self) -> None:
+        if self._tmp is not None:
+            self._tmp.close()
+            self._tmp = None
+
+
+class S3ContentStore:
+    def __init__(self, storage: S3Storage) -> None:
+        if not storage.file_overwrite:
+            raise ImproperlyConfigured("the S3 content storage needs file_overwrite=True")
+        if storage.gzip:
+            # Compressed objects would break ranged reads by stored offset.
+            raise ImproperlyConfigured("the S3 content storage must not gzip (gzip=False)")
+        self.storage = storage
+
+    def open_writer(self) -> BlobWriter:
+        return _TemporaryBlobWriter(self)
+
+    def save(self, name: str, fileobj: IO[bytes]) -> None:
+        fileobj.seek(0)
+        saved = self.storage.save(name, DjangoFile(fileobj, name))
+        if saved != name:
+            raise RuntimeError(f"S3 storage saved {name!r} as {saved!r}")
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        # A ranged GET: S3File (storage.open) would download the whole object first.
+        key = self.storage._normalize_name(clean_name(name))
+        client = self.storage.connection.meta.client
+        try:
+            response = client.get_object(
+                Bucket=self.storage.bucket_name,
+                Key=key,
+                Range=f"bytes={offset}-{offset + length - 1}",
+            )
+        except client.exceptions.NoSuchKey:
+            raise FileNotFoundError(f"no stored blob {name!r}") from None
+        except ClientError as err:
+            # Past the end: S3 answers 416 rather than an empty body.
+            if err.response.get("Error", {}).get("Code") == "InvalidRange":
+                return b""
+            raise
+        with contextlib.closing(response["Body"]) as body:
+            return body.read()
+
+    def delete(self, name: str) -> None:
+        self.storage.delete(name)
+
+    def exists(self, name: str) -> bool:
+        return self.storage.exists(name)
+
+    def size(self, name: str) -> int:
+        return self.storage.size(name)
+
+
+def content_store() -> ContentStore:
+    """The store over the current settings.STORAGES["content"]."""
+    storage: Storage = storages["content"]
+    if isinstance(storage, FileSystemStorage):
+        return FileSystemContentStore(storage)
+    if isinstance(storage, S3Storage):
+        return S3ContentStore(storage)
+    raise ImproperlyConfigured(
+        f"STORAGES['content'] must be a FileSystemStorage or S3Storage, not {type(storage)}"
+    )
+
+
+class EncryptedSpool:
+    """Encrypts a stream straight into a new blob of the content store, named at `commit`.
+
+    Memory stays bounded by one chunk; the plaintext never touches the disk. The SHA-256 and
+    size of the plaintext are computed on the way.
+    """
+
+    def __init__(self, store: ContentStore, *, data_key: bytes, aad_prefix: bytes) -> None:
+        self._encryptor = ChunkEncryptor(data_key, aad_prefix)
+        self._hash = hashlib.sha256()
+        self._writer: BlobWriter | None = store.open_writer()
+        self.stored_size = 0
+
+    def write(self, plaintext: bytes) -> None:
+        writer = self._open_writer()
+        self._hash.update(plaintext)
+        sealed = self._encryptor.update(plaintext)
+        if sealed:
+            writer.write(sealed)
+
+    @property
+    def plaintext_size(self) -> int:
+        return self._encryptor.plaintext_size
+
+    @property
+    def sha256_hex(self) -> str:
+        return self._hash.hexdigest()
+
+    def commit(self, name: str) -> int:
+        """Seal the last chunk, store the blob durably as `name` and return its stored size."""
+        writer = self._open_writer()
+        try:
+            writer.write(self._encryptor.finalize())
+            self.stored_size = writer.commit(name)
+        finally:
+            self.discard()
+        return self.stored_size
+
+    def discard(self) -> None:
+        """Drop the blob unless committed; safe to call more than once."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+    def _open_writer(self) -> BlobWriter:
+        if self._writer is None:
+            raise ValueError("EncryptedSpool already stored or discarded")
+        return self._writer
+
+    def __enter__(self) -> EncryptedSpool:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.discard()
+
+
+def open_plaintext_range(
+    store: ContentStore,
+    name: str,
+    *,
+    data_key: bytes,
+    aad_prefix: bytes,
+    plaintext_size: int,
+    start: int,
+    end: int,
+) -> Iterator[bytes]:
+    """Plaintext bytes [start, end] (inclusive) of a stored blob, verified chunk by chunk."""
+
+    def read(offset: int, length: int) -> bytes:
+        return store.read(name, offset, length)
+
+    return decrypt_range(
+        read,
+        data_key=data_key,
+        aad_prefix=aad_prefix,
+        plaintext_size=plaintext_size,
+        start=start,
+        end=end,
+    )

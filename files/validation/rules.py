@@ -1,0 +1,548 @@
+"""Per-line rules of SPEC §4.1 for one parsed request object.
+
+Each check adds `(field, code, message)` problems; the validator adds the line number. A
+message says what to change and never quotes a value from the line: prompts, images and even
+custom ids are content (SPEC §9). Field names are shown only when they look like field names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from inference.capabilities import (
+    HONOURED_FIELDS,
+    MAX_N,
+    MAX_STOP_SEQUENCES,
+    NEUTRAL_ONLY,
+    REFERENCE_FIELDS,
+    RESPONSE_FORMATS,
+    ROLES,
+)
+
+from .report import ModelTarget
+
+Problem = tuple[str, str, str]  # field, code, message
+
+
+class Problems(list[Problem]):
+    def add(self, field: str, code: str, message: str) -> None:
+        self.append((field, code, message))
+
+
+TOP_LEVEL_KEYS = ("custom_id", "method", "url", "body")
+METHOD = "POST"
+URL = "/v1/chat/completions"
+MAX_CUSTOM_ID_BYTES = 128
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+IMAGE_DETAILS = ("auto", "low", "high")
+AUDIO_FORMATS = ("wav", "mp3")
+PART_TYPES = ("text", "image_url", "input_audio")
+
+# Body fields with rules of their own below; every other field goes through the parameter table.
+_BODY_OWN_RULES = frozenset({"model", "messages", "max_tokens", "max_completion_tokens"})
+_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
+_ROLE_LIST = ", ".join(ROLES)
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+_TOKEN_ID = re.compile(r"[0-9]{1,10}")
+_DATA_IMAGE_PREFIX = re.compile(r"data:image/[A-Za-z0-9.+\-]{1,64};base64,", re.IGNORECASE)
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/]*")
+_BASE64_END = re.compile(r"[A-Za-z0-9+/]*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})")
+# How much of each end of inline media is matched character by character (see _is_base64).
+_BASE64_PROBE = 4096
+
+
+def field_path(prefix: str, key: object) -> str:
+    """`prefix.key`, with a placeholder for a key that is not a plain name (it may be content)."""
+    name = key if isinstance(key, str) and _PLAIN_KEY.fullmatch(key) else "<field>"
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # JSON true/false arrive as bool, which is not a count
+
+
+def _is_number(value: object) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def _same(value: object, allowed: object) -> bool:
+    # `0 == False` in Python; a neutral value must match in type as well.
+    return type(value) is type(allowed) and value == allowed
+
+
+def _is_base64(text: str, start: int = 0) -> bool:
+    """Whether `text[start:]` has the shape of padded base64.
+
+    Decoding megabytes here would cost more than parsing the line; the worker decodes when the
+    row runs and fails that row with `invalid_media`. So: ASCII throughout (free for a str), a
+    length in quads, and both ends matched exactly.
+    """
+    size = len(text) - start
+    if size <= 0 or size % 4 or not text.isascii():
+        return False
+    end = len(text)
+    if not _BASE64_RUN.fullmatch(text, start, max(start, min(start + _BASE64_PROBE, end - 4))):
+        return False
+    return _BASE64_END.fullmatch(text, max(start, end - _BASE64_PROBE // 4 * 4), end) is not None
+
+
+# -- the envelope -----------------------------------------------------------------------------
+
+
+def check_envelope(obj: dict[str, Any], problems: Problems) -> tuple[str | None, dict | None]:
+    """Top-level keys, method, url and the shape of custom_id; returns (custom_id, body)."""
+    for key in TOP_LEVEL_KEYS:
+        if key not in obj:
+            problems.add(
+                key, "missing_field", f"add {key}; every line needs custom_id, method, url and body"
+            )
+    for key in obj:
+        if key not in TOP_LEVEL_KEYS:
+            field = field_path("", key)
+            problems.add(
+                field,
+                "unknown_field",
+                f"remove the top-level field {field}; a line holds only custom_id, method, "
+                "url and body",
+            )
+
+    custom_id = None
+    if "custom_id" in obj:
+        value = obj["custom_id"]
+        if not isinstance(value, str) or not value:
+            problems.add("custom_id", "invalid_custom_id", "custom_id must be a non-empty string")
+        elif (size := len(value.encode())) > MAX_CUSTOM_ID_BYTES:
+            problems.add(
+                "custom_id",
+                "invalid_custom_id",
+                f"custom_id is {size} bytes in UTF-8; shorten it to at most {MAX_CUSTOM_ID_BYTES}",
+            )
+        else:
+            custom_id = value
+
+    if "method" in obj and not _same(obj["method"], METHOD):
+        problems.add("method", "invalid_method", f'method must be "{METHOD}"')
+    if "url" in obj and not _same(obj["url"], URL):
+        problems.add("url", "invalid_url", f'url must be "{URL}"')
+
+    body = obj.get("body")
+    if "body" in obj and type(body) is not dict:
+        problems.add("body", "invalid_body", "body must be a JSON object")
+        body = None
+    return custom_id, body
+
+
+def check_model(body: dict[str, Any], problems: Problems) -> str | None:
+    """The shape of body.model; consistency across lines and resolution are the caller's."""
+    if "model" not in body:
+        problems.add("body.model", "missing_field", "add body.model, the name of the model")
+        return None
+    model = body["model"]
+    if not isinstance(model, str) or not model:
+        problems.add("body.model", "invalid_model", "body.model must be a non-empty string")
+        return None
+    return model
+
+
+# -- the body ---------------------------------------------------------------------------------
+
+
+def check_body(
+    body: dict[str, Any], target: ModelTarget | None, problems: Problems
+) -> tuple[int, int] | None:
+    """Everything in body but the model; returns (max_tokens, n) when those two are valid.
+
+    `target` is None when the model is unknown; the rules that need it are then skipped.
+    """
+    _check_messages(body, target, problems)
+    max_tokens = _check_max_tokens(body, target, problems)
+    n_ok = True
+    for key, value in body.items():
+        if key in _BODY_OWN_RULES:
+            continue
+        field = field_path("body", key)
+        problem = _check_parameter(key, value, field)
+        if problem is not None:
+            problems.add(field, *problem)
+            n_ok = n_ok and key != "n"
+    n = body.get("n")
+    if n is None:
+        n = 1
+    if max_tokens is None or not n_ok:
+        return None
+    return max_tokens, n
+
+
+def _check_parameter(key: str, value: Any, field: str) -> tuple[str, str] | None:
+    if key not in REFERENCE_FIELDS:
+        return "unknown_parameter", f"{field} is not a Chat Completions parameter; remove it"
+    if key not in HONOURED_FIELDS:
+        return "unsupported_parameter", f"{field} is not supported by this engine; remove it"
+    if key in NEUTRAL_ONLY:
+        allowed = NEUTRAL_ONLY[key]
+        if any(_same(value, neutral) for neutral in allowed):
+            return None
+        shown = " or ".join("null" if a is None else str(a).lower() for a in allowed)
+        return (
+            "unsupported_parameter",
+            f"{field} is supported by this engine only as {shown}; remove it",
+        )
+    if value is None:  # the reference's optional parameters are nullable: null means unset
+        return None
+    check = PARAMETER_CHECKS.get(key)
+    return check(value, field) if check is not None else None
+
+
+def _check_max_tokens(
+    body: dict[str, Any], target: ModelTarget | None, problems: Problems
+) -> int | None:
+    values: dict[str, int] = {}
+    valid = True
+    for key in _MAX_TOKENS_KEYS:
+        value = body.get(key)
+        if value is None:
+            continue
+        field = f"body.{key}"
+        if not _is_int(value) or value <= 0:
+            problems.add(field, "invalid_max_tokens", f"{field} must be a positive integer")
+            valid = False
+        elif target is not None and value > target.context_length:
+            problems.add(
+                field,
+                "max_tokens_exceeds_context",
+                f"{field} must be at most {target.context_length}, the model's context length",
+            )
+            valid = False
+        else:
+            values[key] = value
+    if not valid:
+        return None
+    if not values:
+        problems.add(
+            "body.max_completion_tokens",
+            "missing_max_tokens",
+            "add body.max_completion_tokens (or body.max_tokens): the most tokens to generate",
+        )
+        return None
+    if len(values) == 2 and values["max_tokens"] != values["max_completion_tokens"]:
+        problems.add(
+            "body.max_tokens",
+            "conflicting_max_tokens",
+            "body.max_tokens and body.max_completion_tokens differ; keep only one of them",
+        )
+        return None
+    return next(iter(values.values()))
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def _check_messages(body: dict[str, Any], target: ModelTarget | None, problems: Problems) -> None:
+    if "messages" not in body:
+        problems.add("body.messages", "missing_field", "add body.messages, a list of messages")
+        return
+    messages = body["messages"]
+    if type(messages) is not list or not messages:
+        problems.add(
+            "body.messages",
+            "invalid_messages",
+            "body.messages must be a non-empty list of messages",
+        )
+        return
+    for index, message in enumerate(messages):
+        _check_message(message, f"body.messages[{index}]", target, problems)
+
+
+def _check_message(message: Any, path: str, target: ModelTarget | None, problems: Problems) -> None:
+    if type(message) is not dict:
+        problems.add(path, "invalid_message", f"{path} must be an object with a role and a content")
+        return
+    role = message.get("role")
+    if "role" not in message:
+        problems.add(f"{path}.role", "missing_field", f"add {path}.role, one of {_ROLE_LIST}")
+        role = None
+    elif not isinstance(role, str) or role not in ROLES:
+        problems.add(f"{path}.role", "invalid_role", f"{path}.role must be one of {_ROLE_LIST}")
+        role = None
+
+    for key, value in message.items():
+        if key in ("role", "content"):
+            continue
+        field = field_path(path, key)
+        if key == "name" or (key == "tool_call_id" and role == "tool"):
+            if not isinstance(value, str) or not value:
+                problems.add(field, "invalid_message", f"{field} must be a non-empty string")
+        else:
+            problems.add(
+                field,
+                "unknown_field",
+                f"remove {field}; a message holds role, content and optionally name "
+                "(tool messages: tool_call_id)",
+            )
+    if role == "tool" and "tool_call_id" not in message:
+        problems.add(
+            f"{path}.tool_call_id", "missing_field", f"add {path}.tool_call_id to the tool message"
+        )
+
+    if "content" not in message:
+        problems.add(f"{path}.content", "missing_field", f"add {path}.content")
+        return
+    content = message["content"]
+    if isinstance(content, str):
+        return
+    if type(content) is not list or not content:
+        problems.add(
+            f"{path}.content",
+            "invalid_content",
+            f"{path}.content must be a string or a non-empty list of content parts",
+        )
+        return
+    for index, part in enumerate(content):
+        _check_part(part, f"{path}.content[{index}]", role, target, problems)
+
+
+def _check_part(
+    part: Any, path: str, role: str | None, target: ModelTarget | None, problems: Problems
+) -> None:
+    if type(part) is not dict:
+        problems.add(path, "invalid_content_part", f"{path} must be an object with a type")
+        return
+    kind = part.get("type")
+    if kind == "text":
+        _check_part_keys(part, path, "text", problems)
+        if "text" in part and not isinstance(part["text"], str):
+            problems.add(f"{path}.text", "invalid_content_part", f"{path}.text must be a string")
+        return
+    if kind == "image_url":
+        modality, noun = "image", "images"
+    elif kind == "input_audio":
+        modality, noun = "audio", "audio"
+    else:
+        problems.add(
+            f"{path}.type",
+            "invalid_content_part",
+            f"{path}.type must be one of {', '.join(PART_TYPES)}",
+        )
+        return
+
+    if target is not None and modality not in target.media:
+        problems.add(
+            path,
+            "unsupported_modality",
+            f"{path} is {'an image' if modality == 'image' else 'audio'}, but the model does "
+            f"not accept {noun} in batch; remove it or choose a model that does",
+        )
+        return
+    if role is not None and role != "user":
+        problems.add(
+            path, "invalid_content_part", f"{path}: {noun} are allowed only in user messages"
+        )
+        return
+    _check_part_keys(part, path, kind, problems)
+    if kind not in part:
+        return
+    if kind == "image_url":
+        _check_image(part[kind], f"{path}.image_url", problems)
+    else:
+        _check_audio(part[kind], f"{path}.input_audio", problems)
+
+
+def _check_part_keys(part: dict[str, Any], path: str, kind: str, problems: Problems) -> None:
+    for key in part:
+        if key not in ("type", kind):
+            field = field_path(path, key)
+            problems.add(
+                field,
+                "invalid_content_part",
+                f"remove {field}; a {kind} part holds type and {kind}",
+            )
+    if kind not in part:
+        problems.add(f"{path}.{kind}", "invalid_content_part", f"add {path}.{kind}")
+
+
+def _check_image(image: Any, path: str, problems: Problems) -> None:
+    if type(image) is not dict:
+        problems.add(path, "invalid_content_part", f"{path} must be an object with a url")
+        return
+    for key in image:
+        if key not in ("url", "detail"):
+            field = field_path(path, key)
+            problems.add(
+                field, "invalid_content_part", f"remove {field}; image_url holds url and detail"
+            )
+    detail = image.get("detail")
+    if detail is not None and (not isinstance(detail, str) or detail not in IMAGE_DETAILS):
+        problems.add(
+            f"{path}.detail",
+            "invalid_content_part",
+            f"{path}.detail must be one of {', '.join(IMAGE_DETAILS)}",
+        )
+    url = image.get("url")
+    if not isinstance(url, str):
+        problems.add(f"{path}.url", "invalid_image_url", f"{path}.url must be a string")
+    elif not _is_image_url(url):
+        problems.add(
+            f"{path}.url",
+            "invalid_image_url",
+            f"{path}.url must be a data:image/<type>;base64,<data> URL or an https:// URL",
+        )
+
+
+def _is_image_url(url: str) -> bool:
+    head = url[:8].lower()
+    if head.startswith("data:"):
+        prefix = _DATA_IMAGE_PREFIX.match(url)
+        return prefix is not None and _is_base64(url, prefix.end())
+    if head == "https://":
+        # The worker fetches it and enforces the address rules (SPEC §9); here, only the shape.
+        try:
+            return bool(urlsplit(url).hostname)
+        except ValueError:
+            return False
+    return False
+
+
+def _check_audio(audio: Any, path: str, problems: Problems) -> None:
+    if type(audio) is not dict:
+        problems.add(path, "invalid_content_part", f"{path} must be an object with data and format")
+        return
+    for key in audio:
+        if key not in ("data", "format"):
+            field = field_path(path, key)
+            problems.add(
+                field, "invalid_content_part", f"remove {field}; input_audio holds data and format"
+            )
+    data = audio.get("data")
+    if not isinstance(data, str) or not _is_base64(data):
+        problems.add(
+            f"{path}.data", "invalid_content_part", f"{path}.data must be base64-encoded audio"
+        )
+    audio_format = audio.get("format")
+    if not isinstance(audio_format, str) or audio_format not in AUDIO_FORMATS:
+        problems.add(
+            f"{path}.format",
+            "invalid_content_part",
+            f"{path}.format must be one of {', '.join(AUDIO_FORMATS)}",
+        )
+
+
+# -- other parameters -------------------------------------------------------------------------
+
+ParameterCheck = Callable[[Any, str], "tuple[str, str] | None"]
+
+
+def _invalid(message: str) -> tuple[str, str]:
+    return "invalid_parameter", message
+
+
+def _number_check(low: float, high: float, *, low_open: bool = False) -> ParameterCheck:
+    if low_open:
+        wanted = f"a number greater than {low:g} and at most {high:g}"
+    else:
+        wanted = f"a number from {low:g} to {high:g}"
+
+    def check(value: Any, field: str) -> tuple[str, str] | None:
+        if _is_number(value) and (low < value if low_open else low <= value) and value <= high:
+            return None
+        return _invalid(f"{field} must be {wanted}")
+
+    return check
+
+
+def _check_n(value: Any, field: str) -> tuple[str, str] | None:
+    if _is_int(value) and 1 <= value <= MAX_N:
+        return None
+    return _invalid(f"{field} must be an integer from 1 to {MAX_N}")
+
+
+def _check_stop(value: Any, field: str) -> tuple[str, str] | None:
+    if isinstance(value, str) and value:
+        return None
+    if (
+        type(value) is list
+        and 1 <= len(value) <= MAX_STOP_SEQUENCES
+        and all(isinstance(item, str) and item for item in value)
+    ):
+        return None
+    return _invalid(
+        f"{field} must be a non-empty string or a list of 1 to {MAX_STOP_SEQUENCES} "
+        "non-empty strings"
+    )
+
+
+def _check_seed(value: Any, field: str) -> tuple[str, str] | None:
+    if _is_int(value) and -(2**63) <= value < 2**63:
+        return None
+    return _invalid(f"{field} must be a 64-bit integer")
+
+
+def _check_logit_bias(value: Any, field: str) -> tuple[str, str] | None:
+    if type(value) is dict and all(
+        _TOKEN_ID.fullmatch(token) and _is_number(bias) and -100 <= bias <= 100
+        for token, bias in value.items()
+    ):
+        return None
+    return _invalid(f"{field} must map token ids (strings of digits) to numbers from -100 to 100")
+
+
+def _check_user(value: Any, field: str) -> tuple[str, str] | None:
+    return None if isinstance(value, str) else _invalid(f"{field} must be a string")
+
+
+def _check_metadata(value: Any, field: str) -> tuple[str, str] | None:
+    if (
+        type(value) is dict
+        and len(value) <= MAX_METADATA_KEYS
+        and all(
+            len(key) <= MAX_METADATA_KEY_CHARS
+            and isinstance(item, str)
+            and len(item) <= MAX_METADATA_VALUE_CHARS
+            for key, item in value.items()
+        )
+    ):
+        return None
+    return _invalid(
+        f"{field} must be an object of at most {MAX_METADATA_KEYS} string values, keys of at "
+        f"most {MAX_METADATA_KEY_CHARS} characters and values of at most "
+        f"{MAX_METADATA_VALUE_CHARS}"
+    )
+
+
+def _check_store(value: Any, field: str) -> tuple[str, str] | None:
+    return None if type(value) is bool else _invalid(f"{field} must be true or false")
+
+
+def _check_response_format(value: Any, field: str) -> tuple[str, str] | None:
+    kind = value.get("type") if type(value) is dict else None
+    if isinstance(kind, str) and kind in RESPONSE_FORMATS and len(value) == 1:
+        return None
+    if kind in ("json_object", "json_schema"):
+        return (
+            "unsupported_parameter",
+            f'{field} type {kind} is not supported by this engine; use {{"type": "text"}} or '
+            "remove it",
+        )
+    shown = ", ".join(f'{{"type": "{name}"}}' for name in RESPONSE_FORMATS)
+    return _invalid(f"{field} must be {shown}")
+
+
+PARAMETER_CHECKS: dict[str, ParameterCheck] = {
+    "temperature": _number_check(0, 2),
+    "top_p": _number_check(0, 1, low_open=True),
+    "presence_penalty": _number_check(-2, 2),
+    "frequency_penalty": _number_check(-2, 2),
+    "n": _check_n,
+    "stop": _check_stop,
+    "seed": _check_seed,
+    "logit_bias": _check_logit_bias,
+    "user": _check_user,
+    "metadata": _check_metadata,
+    "store": _check_store,
+    "response_format": _check_response_format,
+}

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from rest_framework.exceptions import UnsupportedMediaType
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from boardwalk.auth import READ, WRITE
+from boardwalk.errors import InvalidRequest, MethodNotAllowed
+from files.ranges import requested_range
+from files.selectors import file_get_for_org, file_readable_for_org
+from files.serializers import file_payload
+from files.services import file_create_from_upload, file_delete, file_read_range
+from files.upload import ReceivedForm, upload_receive
+from files.multipart import MultipartError, multipart_boundary
+from files.validation import ModelLookupError, ModelTarget
+from inference.selectors import ModelNotUsable, model_resolve
+
+def _resolver(org: Any) -> Any:
+    def resolve(name: str) -> ModelTarget:
+        try:
+            target = model_resolve(org=org, name=name)
+        except ModelNotUsable as exc:
+            raise ModelLookupError(exc.code, exc.message) from exc
+        return ModelTarget(
+            name=name, context_length=target.revision.context_length, media=target.batch_media
+        )
+
+    return resolve
+
+
+class FileCollectionView(APIView):
+    """POST /v1/files uploads; there is deliberately no listing (GET answers 405)."""
+
+    scopes = {"POST": WRITE}
+
+    def get(self, request: Any) -> Response:
+        raise MethodNotAllowed(
+            "There is no file-list endpoint; keep the ids returned by uploads and batches.",
+        )
+
+    def post(self, request: Any) -> Response:
+        # The body is read here, as it streams, not by DRF's parsers (request.data is unused).
+        content_type = request.META.get("CONTENT_TYPE", "")
+        try:
+            boundary = multipart_boundary(content_type)
+        except MultipartError as exc:
+            raise InvalidRequest(str(exc), code="invalid_multipart") from None
+        if boundary is None:
+            raise UnsupportedMediaType(
+                content_type,
+                detail="Send the upload as multipart/form-data with the fields 'purpose' "
+                "and 'file'.",
+            )
+        form = upload_receive(
+            request._request.read,
+            boundary=boundary,
+            content_length=_content_length(request.META),
+            resolver=_resolver(request.user.org),
+        )
+        try:
+            return Response(file_payload(self._store(request, form)))
+        finally:
+            form.discard()
+
+    def _store(self, request: Any, form: ReceivedForm) -> Any:
+        upload = form.upload
+        if form.unexpected:
+            unknown = sorted(set(form.unexpected))
+            raise InvalidRequest(
+                f"Unsupported upload field(s): {', '.join(unknown)}. Send only 'purpose=batch' "
+                "and 'file', once each; input files expire 24 hours after upload unless a batch "
+                "uses them.",
+                code="unsupported_field",
+                param=unknown[0],
+            )
+        if upload is None:
+            raise InvalidRequest(
+                "Attach the JSONL file as the multipart field 'file'.",
+                code="missing_file",
+                param="file",
+            )
+        purpose = form.text.get("purpose")
+        if not purpose:
+            raise InvalidRequest(
+                "Send the multipart field 'purpose=batch'.", code="missing_purpose", param="purpose"
+            )
+        return file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
+
+
+def _content_length(meta: dict[str, Any]) -> int | None:
+    try:
+        return int(meta.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return None
+
+
+class FileDetailView(APIView):
+    scopes = {"GET": READ, "DELETE": WRITE}
+
+    def get(self, request: Any, file_id: str) -> Response:
+        return Response(file_payload(file_get_for_org(org=request.user.org, file_id=file_id)))
+
+    def delete(self, request: Any, file_id: str) -> Response:
+        file = file_get_for_org(org=request.user.org, file_id=file_id)
+        file_delete(file=file)
+        return Response({"id": file.id, "object": "file", "deleted": True})
+
+
+class FileContentView(APIView):
+    scopes = {"GET": READ}
+
+    def get(self, request: Any, file_id: str) -> StreamingHttpResponse:
+        file = file_readable_for_org(org=request.user.org, file_id=file_id)
+        span = requested_range(
+            range_header=request.headers.get("Range"),
+            if_range=request.headers.get("If-Range"),
+            etag=file.etag,
+            size=file.bytes,
+        )
+        start, end = span if span is not None else (0, file.bytes - 1)
+        pieces = file_read_range(file=file, start=start, end=end) if file.bytes else iter(())
+        # Decrypt (and authenticate) the first piece before answering, so a tampered file
+        # fails with a clean 500 rather than a truncated 200.
+        first = next(pieces, b"")
+        response = StreamingHttpResponse(
+            chain([first], pieces),
+            content_type="application/jsonl",
+            status=206 if span is not None else 200,
+        )
+        response["Content-Length"] = str(end - start + 1 if file.bytes else 0)
+        response["ETag"] = file.etag
+        response["Accept-Ranges"] = "bytes"
+        response["Content-Disposition"] = f'attachment; filename="{file.filename}"'
+        if span is not None:
+            response["Content-Range"] = f"bytes {start}-{end}/{file.bytes}"
+        return response

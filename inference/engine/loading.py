@@ -1,0 +1,71 @@
+"""Loading a model revision's weights and tokenizer from local files only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class ModelLoadError(Exception):
+    """The weights or tokenizer of a revision cannot be loaded (missing, not cached, malformed)."""
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """`auto` is fp32 on CPU (bf16 matmuls there are several times slower) and bf16 on CUDA."""
+    if dtype == "auto":
+        return torch.float32 if device.startswith("cpu") else torch.bfloat16
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto or one of {sorted(_DTYPES)}") from None
+
+
+def load_model(
+    weights: str,
+    *,
+    tokenizer: str | None = None,
+    dtype: str = "auto",
+    device: str | None = None,
+    chat_template: str | None = None,
+    revision: str | None = None,
+) -> tuple[Any, Any]:
+    """Load (model, tokenizer) for generation; never touches the network.
+
+    `weights` is a local directory or a hub id already in the local cache. The model is in eval
+    mode on `device` (default: cuda when available, else cpu), spread over all GPUs with
+    accelerate when there is more than one. `chat_template` replaces the tokenizer's own.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = resolve_dtype(dtype, device)
+    spread = device == "cuda" and torch.cuda.device_count() > 1
+    options: dict[str, Any] = {"local_files_only": True}
+    if revision:
+        options["revision"] = revision
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            weights, dtype=torch_dtype, device_map="auto" if spread else None, **options
+        )
+        tok = AutoTokenizer.from_pretrained(tokenizer or weights, **options)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        raise ModelLoadError(f"cannot load {weights!r}: {exc}") from exc
+    if not spread:
+        model.to(device)
+    model.eval()
+    if chat_template:
+        tok.chat_template = chat_template
+    if not tok.chat_template:
+        raise ModelLoadError(f"{tokenizer or weights!r} has no chat template and none was given")
+    return model, tok

@@ -1,0 +1,87 @@
+"""Per-process caches of loaded models: one engine per serving revision (DESIGN decision 4).
+
+Loading is slow and memory-hungry, so a worker keeps the engine while work remains and
+drops the least recently used one when it needs room for another revision.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from django.conf import settings
+from transformers import AutoTokenizer
+
+from inference.engine.engine import Engine
+from inference.engine.loading import ModelLoadError, load_model
+from inference.models import ModelRevision
+
+_lock = threading.Lock()
+_engines: OrderedDict[str, Engine] = OrderedDict()
+_tokenizers: OrderedDict[str, Any] = OrderedDict()
+_engine_locks: dict[str, threading.Lock] = {}
+
+
+def _load(revision: ModelRevision) -> tuple[Any, Any]:
+    return load_model(
+        revision.weights,
+        tokenizer=revision.tokenizer or None,
+        dtype=revision.dtype,
+        chat_template=revision.chat_template or None,
+        revision=revision.weights_revision or None,
+    )
+
+
+def _load_tokenizer(revision: ModelRevision) -> Any:
+    options: dict[str, Any] = {"local_files_only": True}
+    if revision.weights_revision:
+        options["revision"] = revision.weights_revision
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(revision.tokenizer or revision.weights, **options)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {revision.id}: {exc}") from exc
+    if revision.chat_template:
+        tokenizer.chat_template = revision.chat_template
+    return tokenizer
+
+
+def engine_lock(revision_id: str) -> threading.Lock:
+    """Held while an engine generates: one `generate` call per engine at a time."""
+    with _lock:
+        return _engine_locks.setdefault(revision_id, threading.Lock())
+
+
+def engine_for(revision: ModelRevision) -> Engine:
+    with _lock:
+        engine = _engines.get(revision.id)
+        if engine is not None:
+            _engines.move_to_end(revision.id)
+            return engine
+    model, tokenizer = _load(revision)
+    engine = Engine(
+        model,
+        tokenizer,
+        context_length=revision.context_length,
+        max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+    )
+    with _lock:
+        _engines[revision.id] = engine
+        _tokenizers[revision.id] = tokenizer
+        while len(_engines) > settings.ENGINES_PER_PROCESS:
+            _engines.popitem(last=False)
+    return engine
+
+
+def tokenizer_for(revision: ModelRevision) -> Any:
+    """The revision's tokenizer (with its chat template), without loading the weights."""
+    with _lock:
+        tokenizer = _tokenizers.get(revision.id)
+        if tokenizer is not None:
+            return tokenizer
+    tokenizer = _load_tokenizer(revision)
+    with _lock:
+        _tokenizers[revision.id] = tokenizer
+        while len(_tokenizers) > 8:
+            _tokenizers.popitem(last=False)
+    return tokenizer

@@ -1,0 +1,87 @@
+"""Reads of the catalog and deployments, always scoped to the calling organization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from boardwalk.errors import NotFound
+from boardwalk.models import Organization
+from inference.models import CatalogModel, Deployment, ModelRevision
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a request's `body.model` names, for one organization (SPEC §3)."""
+
+    name: str
+    kind: str  # "catalog" | "deployment"
+    revision: ModelRevision
+    catalog: CatalogModel | None = None
+    deployment: Deployment | None = None
+
+    @property
+    def batch_enabled(self) -> bool:
+        return self.deployment is not None or bool(self.catalog and self.catalog.batch_enabled)
+
+    @property
+    def batch_media(self) -> frozenset[str]:
+        """Modalities beyond text that a batch on this target may carry."""
+        if self.deployment is not None:
+            media = self.revision.modalities
+        elif self.catalog is not None and self.catalog.batch_enabled:
+            media = [m for m in self.catalog.batch_media if m in self.revision.modalities]
+        else:
+            media = []
+        return frozenset(m for m in media if m != "text")
+
+
+class ModelNotUsable(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def model_resolve(*, org: Organization, name: str) -> ResolvedModel:
+    """Resolve `name` for `org`; raises ModelNotUsable with a code the upload reports."""
+    deployment = Deployment.objects.select_related("revision").filter(name=name).first()
+    catalog = CatalogModel.objects.select_related("revision").filter(name=name).first()
+    if deployment is not None and deployment.org_id != org.id:
+        deployment = None  # another org's deployment is simply unknown
+    if deployment is not None and catalog is not None:
+        raise ModelNotUsable(
+            "model_ambiguous",
+            f"Model {name!r} names both a catalog model and a deployment; ask staff to rename one.",
+        )
+    if deployment is not None:
+        return ResolvedModel(name, "deployment", deployment.revision, deployment=deployment)
+    if catalog is None:
+        raise ModelNotUsable(
+            "model_not_found",
+            f"Model {name!r} is neither a catalog model nor one of your deployments.",
+        )
+    resolved = ResolvedModel(name, "catalog", catalog.revision, catalog=catalog)
+    if not resolved.batch_enabled:
+        raise ModelNotUsable(
+            "model_not_batch_enabled", f"Catalog model {name!r} is not available for batch."
+        )
+    return resolved
+
+
+def models_for_org(*, org: Organization) -> list[ResolvedModel]:
+    entries = [
+        ResolvedModel(c.name, "catalog", c.revision, catalog=c)
+        for c in CatalogModel.objects.select_related("revision")
+    ]
+    entries += [
+        ResolvedModel(d.name, "deployment", d.revision, deployment=d)
+        for d in Deployment.objects.select_related("revision").filter(org=org)
+    ]
+    return sorted(entries, key=lambda e: e.name)
+
+
+def model_get_for_org(*, org: Organization, name: str) -> ResolvedModel:
+    for entry in models_for_org(org=org):
+        if entry.name == name:
+            return entry
+    raise NotFound(f"No model named {name!r}.", param="model")

@@ -1,0 +1,62 @@
+"""Writes to the catalog: revisions are immutable, names unique across catalog and
+deployments (SPEC §3 decision), so `body.model` always means one thing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from boardwalk.errors import Conflict
+from boardwalk.models import Organization
+from inference.models import CatalogModel, Deployment, ModelRevision
+
+
+def revision_create(**fields: Any) -> ModelRevision:
+    return ModelRevision.objects.create(**fields)
+
+
+def _name_taken(name: str) -> bool:
+    return (
+        CatalogModel.objects.filter(name=name).exists()
+        or Deployment.objects.filter(name=name).exists()
+    )
+
+
+@transaction.atomic
+def catalog_model_create(
+    *,
+    name: str,
+    revision: ModelRevision,
+    prices: tuple[int, int, int] | None,
+    media: list[str] | None = None,
+) -> CatalogModel:
+    """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch."""
+    if _name_taken(name):
+        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+    price_input, price_cached, price_output = prices or (0, 0, 0)
+    return CatalogModel.objects.create(
+        name=name,
+        revision=revision,
+        batch_enabled=prices is not None,
+        price_input=price_input,
+        price_cached_input=price_cached,
+        price_output=price_output,
+        batch_media=media or [],
+    )
+
+
+def catalog_model_set_revision(*, model: CatalogModel, revision: ModelRevision) -> None:
+    """Point a catalog name at a new revision; accepted batches keep the one they pinned."""
+    CatalogModel.objects.filter(pk=model.pk).update(revision=revision)
+
+
+@transaction.atomic
+def deployment_create(
+    *, org: Organization, name: str, revision: ModelRevision, gpu_second_price: int
+) -> Deployment:
+    if _name_taken(name):
+        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+    return Deployment.objects.create(
+        org=org, name=name, revision=revision, gpu_second_price=gpu_second_price
+    )

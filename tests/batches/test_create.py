@@ -1,0 +1,280 @@
+"""POST /v1/batches (SPEC §5.1): acceptance, idempotency, strict bodies, capacity, credit."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from batches.models import Batch, BatchItem, IdempotencyRecord
+from billing.models import LedgerEntry
+from billing.selectors import credit_for_org
+from files.models import File
+from tests.conftest import PRICES, Api, Tenant, jsonl, make_tenant, request_line
+
+pytestmark = pytest.mark.django_db
+
+
+def submission(file_id: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+        **extra,
+    }
+
+
+def create(api: Api, file_id: str, key: str = "run-1", **extra: Any) -> Any:
+    return api.post("/v1/batches", submission(file_id, **extra), HTTP_IDEMPOTENCY_KEY=key)
+
+
+def test_create_pins_revision_fixes_prices_and_holds_credit(
+    api: Api, tenant: Tenant, uploaded: dict
+):
+    before = credit_for_org(org_id=tenant.org.id)
+    response = create(api, uploaded["id"])
+    assert response.status_code == 200, response.content
+    data = response.json()
+    batch = Batch.objects.get(id=data["id"])
+    assert data["object"] == "batch"
+    assert data["status"] == "in_progress"
+    assert data["request_counts"] == {"total": 2, "completed": 0, "failed": 0}
+    assert data["model_config_id"] == batch.revision_id
+    assert data["billing"] == "catalog"
+    assert data["pricing"] == {
+        "unit": "microusd_per_million_tokens",
+        "input": str(PRICES[0]),
+        "cached_input": str(PRICES[1]),
+        "output": str(PRICES[2]),
+    }
+    assert data["expires_at"] - data["created_at"] == 24 * 3600
+    assert data["output_file_id"] is None and data["error_file_id"] is None
+    for field in ("completed_at", "cancelled_at", "failed_at", "expired_at", "errors", "metadata"):
+        assert data[field] is None
+    items = list(BatchItem.objects.filter(batch=batch).order_by("index"))
+    assert [i.custom_id for i in items] == ["task-1", "task-2"]
+    assert all(i.prompt_tokens > 0 and i.state == "pending" for i in items)
+    hold = LedgerEntry.objects.get(batch_id=batch.id, kind="hold").amount_microusd
+    expected = sum(-(-(i.prompt_tokens * PRICES[0] + 8 * PRICES[2]) // 1_000_000) for i in items)
+    assert hold == expected == batch.hold_microusd
+    after = credit_for_org(org_id=tenant.org.id)
+    assert after.available == before.available - hold
+    assert after.balance == before.balance
+
+
+def test_revision_change_after_acceptance_does_not_affect_the_batch(
+    api: Api, uploaded: dict, catalog_model
+):
+    from inference.services import catalog_model_set_revision, revision_create
+
+    data = create(api, uploaded["id"]).json()
+    new = revision_create(
+        label="v2", weights=catalog_model.revision.weights, context_length=64, modalities=["text"]
+    )
+    catalog_model_set_revision(model=catalog_model, revision=new)
+    assert api.get(f"/v1/batches/{data['id']}").json()["model_config_id"] == data["model_config_id"]
+
+
+def test_same_key_same_body_returns_the_original_batch(api: Api, uploaded: dict):
+    first = create(api, uploaded["id"]).json()
+    second = create(api, uploaded["id"])
+    assert second.status_code == 200
+    assert second.json()["id"] == first["id"]
+    assert Batch.objects.count() == 1
+    assert LedgerEntry.objects.filter(kind="hold").count() == 1
+
+
+def test_same_key_different_body_is_409_reused(api: Api, uploaded: dict, catalog_model):
+    create(api, uploaded["id"])
+    other = api.upload(jsonl(request_line())).json()["id"]
+    response = create(api, other)
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_key_reused"
+    assert response["x-should-retry"] == "false"
+    assert Batch.objects.count() == 1
+
+
+def test_key_still_in_progress_is_409_in_use_with_retry_after(
+    api: Api, tenant: Tenant, uploaded: dict, settings
+):
+    from batches.idempotency import request_hash
+
+    settings.IDEMPOTENCY_WAIT_SECONDS = 0
+    body = submission(uploaded["id"])
+    IdempotencyRecord.objects.create(org=tenant.org, key="busy", request_hash=request_hash(body))
+    response = api.post("/v1/batches", body, HTTP_IDEMPOTENCY_KEY="busy")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "idempotency_key_in_use"
+    assert response["Retry-After"] == "1"
+    assert Batch.objects.count() == 0
+
+
+def test_abandoned_key_is_taken_over(api: Api, tenant: Tenant, uploaded: dict):
+    from batches.idempotency import request_hash
+
+    body = submission(uploaded["id"])
+    record = IdempotencyRecord.objects.create(
+        org=tenant.org, key="stale", request_hash=request_hash(body)
+    )
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        created_at=record.created_at - dt.timedelta(hours=1)
+    )
+    assert api.post("/v1/batches", body, HTTP_IDEMPOTENCY_KEY="stale").status_code == 200
+
+
+def test_keys_are_scoped_to_the_organization(
+    api: Api, other_tenant: Tenant, uploaded: dict, catalog_model
+):
+    create(api, uploaded["id"], key="shared")
+    theirs = other_tenant.api.upload(jsonl(request_line())).json()["id"]
+    response = create(other_tenant.api, theirs, key="shared")
+    assert response.status_code == 200
+    assert Batch.objects.count() == 2
+
+
+@pytest.mark.parametrize("key", [None, "", "k" * 257])
+def test_missing_or_bad_idempotency_key_is_400(api: Api, uploaded: dict, key: str | None):
+    headers = {} if key is None else {"HTTP_IDEMPOTENCY_KEY": key}
+    response = api.post("/v1/batches", submission(uploaded["id"]), **headers)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == (
+        "missing_idempotency_key" if key is None else "invalid_idempotency_key"
+    )
+    if key is None:
+        assert "extra_headers" in error["message"]
+    assert Batch.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        (
+            {"endpoint": "/v1/chat/completions", "completion_window": "24h"},
+            "missing_required_parameter",
+            "input_file_id",
+        ),
+        ({"endpoint": "/v1/embeddings"}, "invalid_endpoint", "endpoint"),
+        ({"completion_window": "1h"}, "invalid_completion_window", "completion_window"),
+        ({"surprise": 1}, "unknown_parameter", "surprise"),
+        ({"metadata": {"team": "x"}}, "unsupported_metadata", "metadata.team"),
+        ({"metadata": "x"}, "invalid_metadata", "metadata"),
+    ],
+)
+def test_invalid_body_is_400_and_creates_nothing(
+    api: Api, uploaded: dict, body: dict, code: str, param: str
+):
+    payload = {**submission(uploaded["id"]), **body}
+    if code == "missing_required_parameter":
+        payload = body
+    response = api.post("/v1/batches", payload, HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 400
+    assert (response.json()["error"]["code"], response.json()["error"]["param"]) == (code, param)
+    assert response["x-should-retry"] == "false"
+    assert Batch.objects.count() == 0
+    assert not IdempotencyRecord.objects.exists()  # the refusal did not consume the key
+
+
+def test_non_json_body_is_400(api: Api):
+    response = api.client.post(
+        "/v1/batches",
+        "{nope",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api.key}",
+        HTTP_IDEMPOTENCY_KEY="k",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_unknown_or_other_orgs_file_is_404(api: Api, other_tenant: Tenant, uploaded: dict):
+    assert create(api, "file-nope").status_code == 404
+    response = create(other_tenant.api, uploaded["id"])
+    assert response.status_code == 404
+    assert Batch.objects.count() == 0
+
+
+def test_used_deleted_or_expired_input_is_400(api: Api, uploaded: dict, catalog_model):
+    assert create(api, uploaded["id"], key="a").status_code == 200
+    again = create(api, uploaded["id"], key="b")
+    assert again.status_code == 400
+    assert again.json()["error"]["code"] == "invalid_input_file_id"
+    deleted = api.upload(jsonl(request_line())).json()["id"]
+    api.delete(f"/v1/files/{deleted}")
+    assert create(api, deleted, key="c").json()["error"]["code"] == "invalid_input_file_id"
+    expired = api.upload(jsonl(request_line())).json()["id"]
+    File.objects.filter(id=expired).update(expires_at=File.objects.get(id=expired).created_at)
+    assert create(api, expired, key="d").json()["error"]["code"] == "invalid_input_file_id"
+    assert Batch.objects.count() == 1
+
+
+def test_insufficient_credit_is_402_and_holds_nothing(db, catalog_model):
+    poor = make_tenant("poor", credit=1)
+    file_id = poor.api.upload(jsonl(request_line())).json()["id"]
+    response = create(poor.api, file_id)
+    assert response.status_code == 402
+    assert response.json()["error"]["code"] == "insufficient_credit"
+    assert response["x-should-retry"] == "false"
+    assert Batch.objects.count() == 0
+    assert not LedgerEntry.objects.filter(kind="hold").exists()
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_fifth_unfinished_batch_is_429_and_key_is_not_consumed(api: Api, catalog_model):
+    for i in range(4):
+        file_id = api.upload(jsonl(request_line())).json()["id"]
+        assert create(api, file_id, key=f"k{i}").status_code == 200
+    file_id = api.upload(jsonl(request_line())).json()["id"]
+    response = create(api, file_id, key="k4")
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "too_many_unfinished_batches"
+    assert int(response["Retry-After"]) > 0
+    assert "x-should-retry" not in response
+    assert Batch.objects.count() == 4
+    Batch.objects.filter(status="in_progress").update(status="completed")
+    assert create(api, file_id, key="k4").status_code == 200
+
+
+def test_private_batch_over_95_items_is_429(api: Api, deployment):
+    body = jsonl(
+        *(
+            request_line(f"t{i}", model=deployment.name, max_tokens=1, content="x")
+            for i in range(96)
+        )
+    )
+    file_id = api.upload(body).json()["id"]
+    response = create(api, file_id)
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "private_batch_too_large"
+    assert Batch.objects.count() == 0
+
+
+def test_private_batch_bills_gpu_time(api: Api, deployment):
+    file_id = api.upload(jsonl(request_line(model=deployment.name))).json()["id"]
+    data = create(api, file_id).json()
+    assert data["billing"] == "gpu_time"
+    assert data["pricing"] is None
+    assert LedgerEntry.objects.get(kind="hold", batch_id=data["id"]).amount_microusd > 0
+
+
+def test_queue_backlog_is_429(api: Api, uploaded: dict, settings):
+    settings.MAX_QUEUED_ITEMS = 1
+    response = create(api, uploaded["id"])
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "queue_backlog_full"
+
+
+def test_estimate_has_no_side_effects(api: Api, tenant: Tenant, uploaded: dict):
+    response = api.post("/v1/batches/estimate", submission(uploaded["id"]))
+    assert response.status_code == 200
+    data = response.json()
+    assert data["request_count"] == 2
+    assert data["max_output_tokens"] == 16
+    assert data["prompt_tokens"] > 0
+    assert data["credit_sufficient"] is True
+    assert int(data["max_charge_microusd"]) > 0
+    assert Batch.objects.count() == 0
+    assert not LedgerEntry.objects.filter(kind="hold").exists()
+    read = api.post("/v1/batches/estimate", submission(uploaded["id"]), key=tenant.read_key)
+    assert read.status_code == 200

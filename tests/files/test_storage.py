@@ -1,0 +1,289 @@
+"""The content store on both backends: a local directory and a real S3-compatible endpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from pytest_django import Settings
+
+from files.crypto import CHUNK_SIZE, TamperedContent, encrypted_size, new_data_key
+from files.storage import (
+    ContentStore,
+    EncryptedSpool,
+    FileSystemContentStore,
+    S3ContentStore,
+    content_store,
+    open_plaintext_range,
+)
+
+if TYPE_CHECKING:
+    from tests.files.conftest import S3Endpoint
+
+MARKER = b"PLAINTEXT-MARKER-do-not-store"
+
+
+@dataclass
+class Backend:
+    store: ContentStore
+    raw: Callable[[str], bytes]
+    keys: Callable[[], list[str]]
+
+
+def use_local_content(settings: Settings, root: Path) -> None:
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "content": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(root), "file_permissions_mode": 0o600},
+        },
+    }
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Backend:
+    if request.param == "local":
+        root = tmp_path / "content"
+        use_local_content(settings, root)
+
+        def local_keys() -> list[str]:
+            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+        return Backend(content_store(), lambda name: (root / name).read_bytes(), local_keys)
+
+    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+    # A prefix per test keeps tests apart in the shared bucket.
+    location = f"t-{uuid.uuid4().hex}"
+    endpoint.use_for_content(settings, location=location)
+    client = endpoint.client()
+
+    def s3_raw(name: str) -> bytes:
+        response = client.get_object(Bucket=endpoint.bucket, Key=f"{location}/{name}")
+        return response["Body"].read()
+
+    def s3_keys() -> list[str]:
+        listing = client.list_objects_v2(Bucket=endpoint.bucket, Prefix=f"{location}/")
+        return sorted(
+            item["Key"].removeprefix(f"{location}/") for item in listing.get("Contents", [])
+        )
+
+    return Backend(content_store(), s3_raw, s3_keys)
+
+
+def spool_into(
+    store: ContentStore, name: str, pieces: list[bytes], *, data_key: bytes, aad: bytes
+) -> EncryptedSpool:
+    spool = EncryptedSpool(data_key=data_key, aad_prefix=aad)
+    for piece in pieces:
+        spool.write(piece)
+    spool.close_and_store(store, name)
+    return spool
+
+
+def read_plain(
+    store: ContentStore, name: str, key: bytes, size: int, start: int, end: int
+) -> bytes:
+    pieces = open_plaintext_range(
+        store, name, data_key=key, aad_prefix=b"file-1", plaintext_size=size, start=start, end=end
+    )
+    return b"".join(pieces)
+
+
+def test_save_read_size_exists_delete(backend: Backend) -> None:
+    store = backend.store
+    data = bytes(range(256)) * 40
+    assert not store.exists("ab/blob")
+
+    store.save("ab/blob", io.BytesIO(data))
+
+    assert store.exists("ab/blob")
+    assert store.size("ab/blob") == len(data)
+    assert store.read("ab/blob", 0, 10) == data[:10]
+    assert store.read("ab/blob", 1000, 333) == data[1000:1333]
+    assert store.read("ab/blob", len(data) - 5, 100) == data[-5:]
+    assert store.read("ab/blob", len(data), 10) == b""
+    assert store.read("ab/blob", 7, 0) == b""
+    assert backend.keys() == ["ab/blob"]
+
+    store.delete("ab/blob")
+    assert not store.exists("ab/blob")
+    assert backend.keys() == []
+    store.delete("ab/blob")  # already gone: fine
+
+
+def test_save_reads_the_file_from_its_start(backend: Backend) -> None:
+    fileobj = io.BytesIO(b"0123456789")
+    fileobj.seek(5)
+    backend.store.save("blob", fileobj)
+    assert backend.raw("blob") == b"0123456789"
+
+
+def test_save_replaces_a_blob_of_the_same_name(backend: Backend) -> None:
+    backend.store.save("blob", io.BytesIO(b"first version, longer"))
+    backend.store.save("blob", io.BytesIO(b"second"))
+    assert backend.raw("blob") == b"second"
+    assert backend.store.size("blob") == len(b"second")
+    # No renamed copy (Storage.save's default) and no temporary file left behind.
+    assert backend.keys() == ["blob"]
+
+
+def test_missing_blob(backend: Backend) -> None:
+    with pytest.raises(FileNotFoundError):
+        backend.store.size("nope")
+    with pytest.raises(FileNotFoundError):
+        backend.store.read("nope", 0, 10)
+
+
+def test_encrypted_spool_roundtrip_through_the_store(backend: Backend) -> None:
+    lines = [MARKER + b" line %d\n" % i for i in range(30_000)]
+    plaintext = b"".join(lines)
+    key = new_data_key()
+
+    spool = EncryptedSpool(data_key=key, aad_prefix=b"file-1")
+    for line in lines:
+        spool.write(line)
+    stored = spool.close_and_store(backend.store, "files/file-1")
+
+    size = len(plaintext)
+    assert size > 10 * CHUNK_SIZE
+    assert spool.plaintext_size == size
+    assert spool.sha256_hex == hashlib.sha256(plaintext).hexdigest()
+    assert stored == encrypted_size(size) == backend.store.size("files/file-1")
+    raw = backend.raw("files/file-1")
+    assert MARKER not in raw
+    assert b"line 1\n" not in raw
+
+    store = backend.store
+    assert read_plain(store, "files/file-1", key, size, 0, size - 1) == plaintext
+    for start, end in [(0, 0), (CHUNK_SIZE - 3, CHUNK_SIZE + 3), (size - 100, size - 1)]:
+        assert (
+            read_plain(store, "files/file-1", key, size, start, end) == plaintext[start : end + 1]
+        )
+
+
+def test_spool_larger_than_a_multipart_part(backend: Backend) -> None:
+    # Over 8 MiB: S3 uploads it in several parts.
+    plaintext = os.urandom(9 * 1024 * 1024 + 123)
+    key = new_data_key()
+    spool_into(backend.store, "big", [plaintext], data_key=key, aad=b"file-1")
+    size = len(plaintext)
+    assert read_plain(backend.store, "big", key, size, 0, size - 1) == plaintext
+    start = 5 * 1024 * 1024 + 17
+    assert read_plain(backend.store, "big", key, size, start, size - 2) == plaintext[start:-1]
+
+
+def test_empty_file_roundtrip(backend: Backend) -> None:
+    key = new_data_key()
+    spool = spool_into(backend.store, "empty", [], data_key=key, aad=b"file-1")
+    assert spool.stored_size == encrypted_size(0) == backend.store.size("empty")
+    assert spool.sha256_hex == hashlib.sha256(b"").hexdigest()
+    assert read_plain(backend.store, "empty", key, 0, 0, -1) == b""
+
+
+def test_tampered_blob_in_the_store_is_detected(backend: Backend) -> None:
+    key = new_data_key()
+    plaintext = os.urandom(3 * CHUNK_SIZE)
+    spool_into(backend.store, "blob", [plaintext], data_key=key, aad=b"file-1")
+    raw = bytearray(backend.raw("blob"))
+    raw[CHUNK_SIZE + 100] ^= 0x01
+    backend.store.save("blob", io.BytesIO(bytes(raw)))
+
+    assert read_plain(backend.store, "blob", key, len(plaintext), 0, 99) == plaintext[:100]
+    with pytest.raises(TamperedContent):
+        read_plain(backend.store, "blob", key, len(plaintext), 0, len(plaintext) - 1)
+
+
+def test_discarded_spool_stores_nothing(backend: Backend) -> None:
+    spool = EncryptedSpool(data_key=new_data_key(), aad_prefix=b"file-1")
+    spool.write(MARKER)
+    spool.discard()
+    spool.discard()
+    with pytest.raises(ValueError):
+        spool.write(b"more")
+    with pytest.raises(ValueError):
+        spool.close_and_store(backend.store, "blob")
+    assert backend.keys() == []
+
+
+def test_local_blob_permissions_and_no_temporary_files(settings: Settings, tmp_path: Path) -> None:
+    use_local_content(settings, tmp_path / "content")
+    store = content_store()
+    store.save("ab/cd/blob", io.BytesIO(b"x" * 10))
+    blob = tmp_path / "content" / "ab" / "cd" / "blob"
+    assert stat.S_IMODE(blob.stat().st_mode) == 0o600
+    assert [p.name for p in blob.parent.iterdir()] == ["blob"]
+
+
+def test_local_names_cannot_escape_the_content_directory(
+    settings: Settings, tmp_path: Path
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    with pytest.raises(Exception, match="outside"):
+        content_store().save("../escaped", io.BytesIO(b"x"))
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_s3_read_is_a_ranged_get_under_the_location_prefix(
+    settings: Settings, s3_endpoint: S3Endpoint
+) -> None:
+    location = f"t-{uuid.uuid4().hex}"
+    s3_endpoint.use_for_content(settings, location=location)
+    store = content_store()
+    assert isinstance(store, S3ContentStore)
+    data = os.urandom(100_000)
+    store.save("ab/blob", io.BytesIO(data))
+
+    listing = s3_endpoint.client().list_objects_v2(Bucket=s3_endpoint.bucket, Prefix=location)
+    assert [item["Key"] for item in listing["Contents"]] == [f"{location}/ab/blob"]
+
+    requested: list[dict[str, Any]] = []
+
+    def record(params: dict[str, Any], **kwargs: Any) -> None:
+        requested.append(dict(params))
+
+    events = store.storage.connection.meta.client.meta.events
+    events.register("provide-client-params.s3.GetObject", record)
+    try:
+        assert store.read("ab/blob", 5000, 1234) == data[5000:6234]
+    finally:
+        events.unregister("provide-client-params.s3.GetObject", record)
+    assert requested == [
+        {"Bucket": s3_endpoint.bucket, "Key": f"{location}/ab/blob", "Range": "bytes=5000-6233"}
+    ]
+
+
+def test_content_store_follows_the_storages_setting(
+    settings: Settings, tmp_path: Path, s3_endpoint: S3Endpoint
+) -> None:
+    use_local_content(settings, tmp_path)
+    assert isinstance(content_store(), FileSystemContentStore)
+    s3_endpoint.use_for_content(settings)
+    assert isinstance(content_store(), S3ContentStore)
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "content": {"BACKEND": "django.core.files.storage.InMemoryStorage"},
+    }
+    with pytest.raises(ImproperlyConfigured):
+        content_store()
+
+
+def test_s3_store_refuses_options_that_break_it(
+    settings: Settings, s3_endpoint: S3Endpoint
+) -> None:
+    for extra in [{"file_overwrite": False}, {"gzip": True}]:
+        options = {**s3_endpoint.storage_options(), **extra}
+        settings.STORAGES = {
+            **settings.STORAGES,
+            "content": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": options},
+        }
+        with pytest.raises(ImproperlyConfigured):
+            content_store()

@@ -1,0 +1,367 @@
+"""The generation engine on the real tiny demo model: batched results must equal unbatched ones."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.engine import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    ModelLoadError,
+    SamplingParams,
+    load_model,
+    render_prompt,
+)
+
+pytestmark = pytest.mark.model
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG_SYSTEM = (
+    "You are the support assistant of a small bakery. Answer in one short paragraph, "
+    "mention opening hours only when asked, and never invent prices or products."
+)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path):
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def model(loaded):
+    return loaded[0]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(loaded):
+    return loaded[1]
+
+
+def prompt(tokenizer, text: str, *, system: str | None = None) -> list[int]:
+    messages = [{"role": "system", "content": system}] if system else []
+    return render_prompt(tokenizer, [*messages, {"role": "user", "content": text}])
+
+
+def greedy(max_new_tokens: int, **options) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **options)
+
+
+def reference(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Unbatched greedy decoding by transformers itself, end-of-sequence suppressed."""
+    out = model.generate(
+        torch.tensor([prompt_ids]),
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def run(engine: Engine, requests, **options) -> dict[str, GenerationResult]:
+    return {r.id: r for r in engine.generate(requests, **options)}
+
+
+def test_load_model_gives_an_eval_fp32_model_and_its_tokenizer(loaded) -> None:
+    model, tokenizer = loaded
+
+    assert not model.training
+    assert model.dtype == torch.float32
+    assert model.device.type == "cpu"
+    assert tokenizer.chat_template
+
+
+def test_load_model_raises_model_load_error_for_missing_weights(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError):
+        load_model(str(tmp_path / "nothing-here"))
+
+
+def test_render_prompt_matches_the_tokenizer_and_keeps_text_parts_only(tokenizer) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is "},
+                {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}},
+                {"type": "text", "text": "bread?"},
+            ],
+        },
+    ]
+
+    ids = render_prompt(tokenizer, messages)
+
+    plain = [messages[0], {"role": "user", "content": "What is bread?"}]
+    expected = tokenizer.apply_chat_template(plain, add_generation_prompt=True, return_dict=False)
+    assert ids == list(expected)
+    assert tokenizer.decode(ids).endswith("<|im_start|>user\nWhat is bread?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_greedy_equals_model_generate_for_a_single_request(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Tell me about the weather in the mountains.")
+    engine = Engine(model, tokenizer, context_length=2048)
+
+    result = run(engine, [GenerationRequest("a", ids, greedy(24))])["a"]
+
+    assert result.choices[0].token_ids == reference(model, ids, 24)
+    assert result.choices[0].text == tokenizer.decode(result.choices[0].token_ids, skip_special_tokens=True)
+    assert result.prompt_tokens == len(ids)
+
+
+def test_greedy_in_a_mixed_batch_equals_unbatched_generation(model, tokenizer) -> None:
+    # Different prompt lengths and budgets through 3 rows: rows finish at different steps, new
+    # ones join (a long prompt joining late moves the store right), and 90 tokens outgrow the
+    # store's first capacity (a relayout to the left).
+    texts = ["Hi.", "Summarize the following text " * 12, "Write a short poem about the sea.", "Why?"]
+    texts += ["Explain lists and tuples in Python, please. " * 6, "Thanks!"]
+    budgets = [5, 12, 90, 3, 17, 30]
+    prompts = [prompt(tokenizer, t) for t in texts]
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+
+    results = run(
+        engine,
+        [GenerationRequest(str(i), p, greedy(b)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))],
+    )
+
+    for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)):
+        choice = results[str(i)].choices[0]
+        assert choice.token_ids == reference(model, p, b), f"request {i}"
+        assert choice.finish_reason == "length"
+        assert results[str(i)].completion_tokens == b
+
+
+def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> None:
+    first = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
+    second = prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM)
+    third = prompt(tokenizer, "Unrelated.", system=None)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared >= 32
+    # Two rows: "second" joins while "first" is still running and copies its prefix from it.
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("first", first, greedy(20)),
+            GenerationRequest("third", third, greedy(2)),
+            GenerationRequest("second", second, greedy(8)),
+            GenerationRequest("again", first, greedy(6)),
+        ],
+    )
+
+    assert results["first"].cached_tokens == 0
+    assert results["second"].cached_tokens == shared
+    assert results["again"].cached_tokens == len(first) - 1
+    assert results["second"].choices[0].token_ids == reference(model, second, 8)
+    assert results["again"].choices[0].token_ids == reference(model, first, 6)
+
+
+def test_n_choices_share_one_prefill(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Tell me a story.")
+    engine = Engine(model, tokenizer, context_length=2048)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("greedy", ids, greedy(10, n=3)),
+            GenerationRequest("sampled", ids, SamplingParams(max_new_tokens=10, n=3, seed=5, ignore_eos=True)),
+        ],
+    )
+
+    expected = reference(model, ids, 10)
+    assert [c.index for c in results["greedy"].choices] == [0, 1, 2]
+    assert all(c.token_ids == expected for c in results["greedy"].choices)
+    sampled = results["sampled"]
+    assert sampled.prompt_tokens == len(ids)
+    assert sampled.completion_tokens == 30
+    assert len({tuple(c.token_ids) for c in sampled.choices}) == 3
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Give me a word.")
+    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("x", ids, params)])
+    mates = [
+        GenerationRequest(f"m{i}", prompt(tokenizer, "Other text " * i), SamplingParams(max_new_tokens=4 + i))
+        for i in range(1, 6)
+    ]
+    crowded = run(
+        Engine(model, tokenizer, context_length=2048, max_batch_size=4),
+        [*mates[:3], GenerationRequest("x", ids, params), *mates[3:]],
+    )
+    other_seed = run(
+        Engine(model, tokenizer, context_length=2048),
+        [GenerationRequest("x", ids, replace(params, seed=99))],
+    )
+
+    assert crowded["x"].choices[0].token_ids == alone["x"].choices[0].token_ids
+    assert other_seed["x"].choices[0].token_ids != alone["x"].choices[0].token_ids
+
+
+def test_tiny_top_p_is_greedy(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1e-6, ignore_eos=True)
+
+    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)])
+
+    assert result["a"].choices[0].token_ids == reference(model, ids, 12)
+
+
+def test_logit_bias_and_presence_penalty_steer_the_choice(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    forced = tokenizer.convert_tokens_to_ids("the")
+    engine = Engine(model, tokenizer, context_length=2048)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("bias", ids, greedy(6, logit_bias={forced: 100.0})),
+            GenerationRequest("presence", ids, greedy(30, presence_penalty=100.0)),
+        ],
+    )
+
+    assert results["bias"].choices[0].token_ids == [forced] * 6
+    presence = results["presence"].choices[0].token_ids
+    assert len(set(presence)) == len(presence)  # a repeated token would have paid 100
+
+
+def test_end_of_sequence_stops_with_reason_stop(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, logit_bias={im_end: 100.0})
+
+    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)])["a"]
+
+    assert result.choices[0].token_ids == [im_end]
+    assert result.choices[0].finish_reason == "stop"
+    assert result.choices[0].text == ""
+    assert result.completion_tokens == 1
+
+
+def test_max_new_tokens_ends_with_reason_length(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+
+    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, greedy(7))])["a"]
+
+    assert result.choices[0].finish_reason == "length"
+    assert result.completion_tokens == len(result.choices[0].token_ids) == 7
+
+
+def test_stop_string_ends_generation_and_is_trimmed(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Tell me about the weather in the mountains.")
+    engine = Engine(model, tokenizer, context_length=2048)
+    full = run(engine, [GenerationRequest("a", ids, greedy(40))])["a"].choices[0]
+    # A stop string taken from the middle of the unconstrained output.
+    start = next(
+        i for i in range(len(full.text) // 3, len(full.text) - 2) if full.text[i : i + 2].isalpha()
+    )
+    stop = full.text[start : start + 2]
+
+    stopped = run(engine, [GenerationRequest("a", ids, greedy(40, stop=("zzzz", stop)))])["a"].choices[0]
+
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == full.text[: full.text.find(stop)]
+    assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
+    assert len(stopped.token_ids) < 40
+
+
+def test_context_length_violation_is_an_immediate_error(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    engine = Engine(model, tokenizer, context_length=len(ids) + 5)
+
+    results = list(
+        engine.generate(
+            [GenerationRequest("ok", ids, greedy(5)), GenerationRequest("long", ids, greedy(6))]
+        )
+    )
+
+    assert [r.id for r in results] == ["long", "ok"]  # the error does not wait for generation
+    assert results[0].error == "context_length_exceeded"
+    assert results[0].choices == [] and results[0].completion_tokens == 0
+    assert results[1].error is None and results[1].completion_tokens == 5
+
+
+def test_aborted_requests_stop_and_the_others_are_unaffected(model, tokenizer) -> None:
+    prompts = {name: prompt(tokenizer, f"Request {name}, please.") for name in "abcd"}
+    polls = 0
+
+    def aborted() -> set[str]:
+        nonlocal polls
+        polls += 1
+        # "b" is cancelled mid-flight; "d" before it ever started.
+        return {"b", "d"} if polls > 3 else {"d"}
+
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3, abort_poll_seconds=0)
+    results = run(
+        engine,
+        [GenerationRequest(name, p, greedy(25)) for name, p in prompts.items()],
+        aborted=aborted,
+    )
+
+    assert results["b"].aborted and results["b"].choices == []
+    assert results["d"].aborted and results["d"].busy_seconds == 0
+    for name in "ac":
+        assert not results[name].aborted
+        assert results[name].choices[0].token_ids == reference(model, prompts[name], 25)
+
+
+def test_requests_are_pulled_lazily_as_rows_free_up(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    pulled = 0
+
+    def source() -> Iterator[GenerationRequest]:
+        nonlocal pulled
+        for i in range(12):
+            pulled += 1
+            yield GenerationRequest(str(i), ids, greedy(3 + i % 4))
+
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    stream = engine.generate(source())
+    first = next(stream)
+    pulled_before_first = pulled
+    rest = list(stream)
+
+    assert pulled_before_first <= 4
+    assert {r.id for r in [first, *rest]} == {str(i) for i in range(12)}
+
+
+def test_busy_time_shares_add_up_to_the_engine_busy_time(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+    requests = [GenerationRequest(str(i), prompt(tokenizer, "x " * i), greedy(4 + i, n=1 + i % 2)) for i in range(7)]
+
+    results = run(engine, requests)
+
+    assert all(r.busy_seconds > 0 for r in results.values())
+    assert sum(r.busy_seconds for r in results.values()) == pytest.approx(engine.busy_seconds_total, rel=1e-9)
+
+
+def test_invalid_requests_are_errors_not_exceptions(model, tokenizer) -> None:
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("empty", [], greedy(3)),
+            GenerationRequest("n", [1, 2], greedy(3, n=5)),
+            GenerationRequest("zero", [1, 2], greedy(0)),
+        ],
+    )
+
+    assert {r.error for r in results.values()} == {"invalid_request"}
+
+
+def test_engine_package_does_not_import_django() -> None:
+    code = (
+        "import sys, inference.engine\n"
+        "leaked = sorted(m for m in sys.modules if m == 'django' or m.startswith('django.'))\n"
+        "assert not leaked, leaked\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
