@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 
 import dramatiq
-from django.db import close_old_connections
 
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
@@ -25,40 +24,29 @@ ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 
 @dramatiq.actor(queue_name="engine", max_retries=3, time_limit=ENGINE_TIME_LIMIT_MS)
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
-    close_old_connections()
-    try:
-        key = EngineKey(revision_id, deployment_id)
-        done = serve_key(key, budget_seconds=ENGINE_BUDGET_SECONDS)
-        for batch_id in sorted(done):
-            finalize.send(batch_id)
-        if key in keys_with_claimable_items():
-            engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
-    finally:
-        close_old_connections()
+    key = EngineKey(revision_id, deployment_id)
+    done = serve_key(key, budget_seconds=ENGINE_BUDGET_SECONDS)
+    for batch_id in sorted(done):
+        finalize.send(batch_id)
+    if key in keys_with_claimable_items():
+        engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
 
 
 @dramatiq.actor(queue_name="batches", max_retries=20, min_backoff=1_000, max_backoff=30_000)
 def finalize(batch_id: str) -> None:
-    close_old_connections()
     try:
         batch_finalize(batch_id=batch_id)
     except NotReady:
         finalize.send_with_options(args=(batch_id,), delay=2_000)
-    finally:
-        close_old_connections()
 
 
 @dramatiq.actor(queue_name="batches", max_retries=0)
 def sweep() -> None:
-    close_old_connections()
-    try:
-        report = sweep_work()
-        for batch_id in report.to_finalize:
-            finalize.send(batch_id)
-        for key in report.to_wake:
-            engine_wake.send(key.revision_id, key.deployment_id)
-    finally:
-        close_old_connections()
+    report = sweep_work()
+    for batch_id in report.to_finalize:
+        finalize.send(batch_id)
+    for key in report.to_wake:
+        engine_wake.send(key.revision_id, key.deployment_id)
 
 
 def engine_wake_later(batch: Batch) -> None:

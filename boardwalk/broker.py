@@ -15,6 +15,7 @@ import logging
 
 import dramatiq
 from django.conf import settings
+from django.db import close_old_connections, connections
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import (
@@ -37,6 +38,30 @@ DEFAULT_TIME_LIMIT_MS = 30 * 60 * 1000
 _broker: dramatiq.Broker | None = None
 
 
+class DjangoConnections(dramatiq.Middleware):
+    """Give each message a healthy database connection, and close it when a thread ends.
+
+    Worker threads are not request threads, so Django's request signals never recycle
+    their connections; without this a dead connection would poison every later message.
+    """
+
+    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
+        close_old_connections()
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: dramatiq.Message,
+        *,
+        result: object = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        close_old_connections()
+
+    def before_worker_thread_shutdown(self, broker: dramatiq.Broker, thread: object) -> None:
+        connections.close_all()
+
+
 def _middleware() -> list[dramatiq.Middleware]:
     return [
         AgeLimit(),
@@ -45,6 +70,7 @@ def _middleware() -> list[dramatiq.Middleware]:
         Callbacks(),
         Pipelines(),
         Retries(max_retries=5, min_backoff=1_000, max_backoff=60_000),
+        DjangoConnections(),
     ]
 
 

@@ -63,3 +63,8 @@ class WorkerRuntime:
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.sweeper.stop()
         self.worker.stop(timeout=timeout_ms)
+        # A stopped worker leaves its middleware on the broker; drop it so that a later
+        # runtime in the same process (tests) does not stack a second one.
+        self.broker.middleware[:] = [
+            m for m in self.broker.middleware if type(m).__name__ != "_WorkerMiddleware"
+        ]

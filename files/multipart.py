@@ -19,6 +19,8 @@ READ_SIZE = 1024 * 1024
 MAX_HEADER_BYTES = 16 * 1024
 # RFC 2046 §5.1.1: 1 to 70 characters from this set, the last not a space.
 _BCHARS = frozenset(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ'()+_,-./:=? ")
+# CRs looked at one by one before searching for the whole delimiter instead.
+_CR_PROBES = 32
 # Bodies we can take as they come; base64 or quoted-printable parts would need decoding.
 _IDENTITY_ENCODINGS = frozenset({"7bit", "8bit", "binary"})
 
@@ -35,7 +37,6 @@ class IncompleteBody(MultipartError):
 class Part:
     name: str
     filename: str | None
-    content_type: str | None
 
 
 def multipart_boundary(content_type: str | None) -> bytes | None:
@@ -89,6 +90,7 @@ class MultipartReader:
         self._pos = 0
         self._eof = False
         self._in_body = True  # the preamble is skipped like the body of a part
+        self._in_preamble = True
         self._done = False
 
     def next_part(self) -> Part | None:
@@ -96,6 +98,7 @@ class MultipartReader:
             return None
         if self._in_body:
             self.skip()
+        self._in_preamble = False
         # Just past a delimiter: "--" closes the body, else padding and CRLF end the line.
         self._fill(2)
         if self._buffer.startswith(b"--", self._pos):
@@ -114,7 +117,7 @@ class MultipartReader:
         size = len(delimiter)
         while True:
             buffer, pos = self._buffer, self._pos
-            found = buffer.find(delimiter, pos)
+            found = _find_delimiter(buffer, pos, delimiter)
             if found >= 0:
                 self._pos = found + size
                 self._in_body = False
@@ -127,6 +130,8 @@ class MultipartReader:
                 yield buffer if pos == 0 and keep == len(buffer) else buffer[pos:keep]
             more = self._next_read()
             if not more:
+                if self._in_preamble:
+                    raise MultipartError("The boundary of the Content-Type never appears.")
                 raise IncompleteBody("The body ended inside a part, before its closing boundary.")
             self._buffer = buffer[keep:] + more if keep < len(buffer) else more
             self._pos = 0
@@ -191,6 +196,20 @@ class MultipartReader:
                 raise IncompleteBody("The body ended inside a part's headers.")
 
 
+def _find_delimiter(buffer: bytes, pos: int, delimiter: bytes) -> int:
+    """buffer.find(delimiter, pos), faster where CR is rare, as in a JSONL body.
+
+    A search for the CR that opens the delimiter runs at memchr speed, several times faster
+    than a search for the whole delimiter; where CRs abound, the plain search takes over.
+    """
+    for _ in range(_CR_PROBES):
+        candidate = buffer.find(b"\r", pos)
+        if candidate < 0 or buffer.startswith(delimiter, candidate):
+            return candidate
+        pos = candidate + 1
+    return buffer.find(delimiter, pos)
+
+
 def _partial_delimiter_start(buffer: bytes, pos: int, delimiter: bytes) -> int:
     """Where a tail of `buffer` that may begin `delimiter` starts (len(buffer) if none)."""
     size = len(buffer)
@@ -204,7 +223,6 @@ def _partial_delimiter_start(buffer: bytes, pos: int, delimiter: bytes) -> int:
 
 def _parse_part_headers(block: bytes) -> Part:
     disposition: str | None = None
-    content_type: str | None = None
     for raw_line in block.split(b"\r\n") if block else []:
         try:
             line = raw_line.decode("utf-8")
@@ -218,12 +236,9 @@ def _parse_part_headers(block: bytes) -> Part:
             if disposition is not None:
                 raise MultipartError("A part has two Content-Disposition headers.")
             disposition = value
-        elif name == "content-type":
-            content_type = value
-        elif name == "content-transfer-encoding":
-            if value.lower() not in _IDENTITY_ENCODINGS:
-                raise MultipartError(f"Content-Transfer-Encoding {value!r} is not supported.")
-        # RFC 7578 §4.8: any other header field is ignored.
+        elif name == "content-transfer-encoding" and value.lower() not in _IDENTITY_ENCODINGS:
+            raise MultipartError("Send each part as it is: no Content-Transfer-Encoding.")
+        # RFC 7578 §4.8: any other header field (Content-Type included) is ignored.
     if disposition is None:
         raise MultipartError("A part has no Content-Disposition header.")
     try:
@@ -233,4 +248,4 @@ def _parse_part_headers(block: bytes) -> Part:
     field_name = params.get("name")
     if kind != "form-data" or not field_name:
         raise MultipartError("Each part needs 'Content-Disposition: form-data; name=\"...\"'.")
-    return Part(name=field_name, filename=params.get("filename"), content_type=content_type)
+    return Part(name=field_name, filename=params.get("filename"))

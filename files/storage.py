@@ -7,7 +7,6 @@ byte range of a large file fetches only the chunks covering it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import threading
@@ -31,6 +30,9 @@ _WRITEBACK_WINDOW = 8 * 1024 * 1024
 _EVICT_LAG = 4  # windows: the one this far behind has been written back by now
 _SYNC_EVERY = 32 * 1024 * 1024
 _STAGING_DIR = ".incoming"
+# Neither exists on macOS: there the kernel writes back on its own, and fsync flushes.
+_fadvise = getattr(os, "posix_fadvise", None)
+_fdatasync = getattr(os, "fdatasync", os.fsync)
 
 
 class BlobWriter(Protocol):
@@ -242,10 +244,6 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-_fadvise = getattr(os, "posix_fadvise", None)
-_fdatasync = getattr(os, "fdatasync", os.fsync)
-
-
 class _TemporaryBlobWriter:
     """For stores that take a whole object (S3): spool to a temporary file, then upload it."""
 
@@ -338,20 +336,18 @@ def content_store() -> ContentStore:
 class EncryptedSpool:
     """Encrypts a stream straight into a new blob of the content store, named at `commit`.
 
-    Memory stays bounded by one chunk; the plaintext never touches the disk. The SHA-256 and
-    size of the plaintext are computed on the way.
+    Memory stays bounded by one chunk; the plaintext never touches the disk. The plaintext
+    size and the strong ETag digest (`etag_digest`) are computed on the way.
     """
 
     def __init__(self, store: ContentStore, *, data_key: bytes, aad_prefix: bytes) -> None:
         self._encryptor = ChunkEncryptor(data_key, aad_prefix)
-        self._hash = hashlib.sha256()
         self._writer: BlobWriter | None = store.open_writer()
         self.stored_size = 0
 
     def write(self, plaintext: bytes) -> None:
         writer = self._open_writer()
-        self._hash.update(plaintext)
-        sealed = self._encryptor.update(plaintext)
+        sealed = self._encryptor.update_reusing(plaintext)
         if sealed:
             writer.write(sealed)
 
@@ -360,8 +356,9 @@ class EncryptedSpool:
         return self._encryptor.plaintext_size
 
     @property
-    def sha256_hex(self) -> str:
-        return self._hash.hexdigest()
+    def etag_digest(self) -> str:
+        """The File.sha256 of the stored blob (see ChunkEncryptor.tags_digest); after commit."""
+        return self._encryptor.tags_digest()
 
     def commit(self, name: str) -> int:
         """Seal the last chunk, store the blob durably as `name` and return its stored size."""

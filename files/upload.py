@@ -130,7 +130,9 @@ def _new_upload(resolver: Resolver) -> ReceivedUpload:
         file_id=file_id,
         data_key=data_key,
         spool=EncryptedSpool(content_store(), data_key=data_key, aad_prefix=file_id.encode()),
-        validator=InputValidator(resolver, max_lines=MAX_INPUT_LINES, max_line_bytes=MAX_LINE_BYTES),
+        validator=InputValidator(
+            resolver, max_lines=MAX_INPUT_LINES, max_line_bytes=MAX_LINE_BYTES
+        ),
     )
 
 

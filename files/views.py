@@ -10,14 +10,15 @@ from rest_framework.views import APIView
 
 from boardwalk.auth import READ, WRITE
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
+from files.multipart import MultipartError, multipart_boundary
 from files.ranges import requested_range
 from files.selectors import file_get_for_org, file_readable_for_org
 from files.serializers import file_payload
 from files.services import file_create_from_upload, file_delete, file_read_range
 from files.upload import ReceivedForm, upload_receive
-from files.multipart import MultipartError, multipart_boundary
 from files.validation import ModelLookupError, ModelTarget
 from inference.selectors import ModelNotUsable, model_resolve
+
 
 def _resolver(org: Any) -> Any:
     def resolve(name: str) -> ModelTarget:

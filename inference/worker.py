@@ -121,7 +121,9 @@ def serve_key(key: EngineKey, *, budget_seconds: float = 600.0) -> set[str]:
 
 
 def _serve(key: EngineKey, budget_seconds: float) -> set[str]:
-    revision = ModelRevision.objects.get(id=key.revision_id)
+    revision = ModelRevision.objects.filter(id=key.revision_id).first()
+    if revision is None:  # a stale message: nothing of this revision can be claimed
+        return set()
     owner = worker_id()
     try:
         engine = engine_for(revision)

@@ -14,12 +14,14 @@ from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
 from billing.services import credit_grant
+from boardwalk.broker import setup_broker
 from boardwalk.models import Organization
 from boardwalk.services import api_key_create, org_create
 from inference.demo_model import build_demo_model, demo_revision_fields
 from inference.models import CatalogModel, Deployment
 from inference.services import catalog_model_create, deployment_create, revision_create
 
+ROOT = Path(__file__).resolve().parent.parent
 PRICES = (150_000, 75_000, 600_000)
 GPU_SECOND_PRICE = 400
 
@@ -39,6 +41,13 @@ def _content_in_tmp(settings: Any, tmp_path: Path) -> None:
             "OPTIONS": {"location": str(tmp_path / "content"), "file_permissions_mode": 0o600},
         },
     }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_broker() -> None:
+    """Start from empty queues: messages left by an earlier run name rows that are gone."""
+    if django_settings.REDIS_URL:
+        setup_broker().flush_all()
 
 
 @pytest.fixture(scope="session")

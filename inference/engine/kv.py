@@ -58,8 +58,10 @@ class SlotKV:
         every column index (the caller moves its row starts by it).
         """
         shift = new_write - self.write
-        wanted = min(max(2 * new_write, new_write + _MIN_HEADROOM), self.max_capacity)
-        new_capacity = max(self.capacity, wanted, new_write + 1)
+        new_capacity = self.capacity
+        if self.capacity - new_write < max(_MIN_HEADROOM, new_write // 2):
+            wanted = min(max(2 * new_write, new_write + _MIN_HEADROOM), self.max_capacity)
+            new_capacity = max(self.capacity, wanted, new_write + 1)
         for store in (self.keys, self.values):
             for layer, old in enumerate(store):
                 if old is None:

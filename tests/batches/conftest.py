@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from batches.items import EngineKey
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
+from boardwalk.worker_runtime import WorkerRuntime
 from inference.worker import serve_key
 from tests.conftest import Api, jsonl, request_line
 
@@ -44,3 +46,11 @@ def rows(n: int, **body: Any) -> list[dict[str, Any]]:
         request_line(f"task-{i}", content=f"Question {i}: " + "why " * (i % 7), **body)
         for i in range(n)
     ]
+
+
+@pytest.fixture
+def in_process_worker(transactional_db: None, settings: Any) -> Iterator[WorkerRuntime]:
+    settings.ITEM_LEASE_SECONDS = 30
+    runtime = WorkerRuntime(threads=1, sweep_interval=1.0).start()
+    yield runtime
+    runtime.stop()

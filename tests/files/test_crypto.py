@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
 import secrets
 from collections.abc import Callable
@@ -344,3 +345,61 @@ def test_current_follows_the_setting(settings: Settings) -> None:
     assert first.current_id == "A"
     settings.MASTER_KEYS = key_setting(("B", key_b), ("A", key_a))
     assert Keyring.current().current_id == "B"
+
+
+def test_update_reusing_seals_as_update_does_into_one_buffer() -> None:
+    key = new_data_key()
+    rng = random.Random(7)  # noqa: S311 (reproducible test data, not a secret)
+    pieces = [rng.randbytes(size) for size in (10, CHUNK_SIZE, 3 * CHUNK_SIZE + 5, 1, 70_000)]
+    fresh, reusing = ChunkEncryptor(key, AAD), ChunkEncryptor(key, AAD)
+    views = []
+    for piece in pieces:
+        expected = fresh.update(piece)
+        view = reusing.update_reusing(piece)
+        assert bytes(view) == expected
+        views.append(view)
+    assert reusing.finalize() == fresh.finalize()
+    # One buffer, grown when needed: a later call overwrites what an earlier one returned.
+    assert views[3].obj is views[2].obj
+    with pytest.raises(ValueError):
+        reusing.update_reusing(b"more")
+
+
+def stored_tags(blob: bytes) -> bytes:
+    return b"".join(
+        blob[start : start + STORED_CHUNK_SIZE][-TAG_SIZE:]
+        for start in range(0, len(blob), STORED_CHUNK_SIZE)
+    )
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_tags_digest_is_the_sha256_of_the_stored_tags(size: int) -> None:
+    key = new_data_key()
+    plaintext = secrets.token_bytes(size)
+    encryptor = ChunkEncryptor(key, AAD)
+    blob = bytes(encryptor.update(plaintext) + encryptor.finalize())
+    assert encryptor.tags_digest() == hashlib.sha256(stored_tags(blob)).hexdigest()
+
+
+def test_tags_digest_tells_contents_and_keys_apart() -> None:
+    def digest(plaintext: bytes, key: bytes) -> str:
+        encryptor = ChunkEncryptor(key, AAD)
+        encryptor.update(plaintext)
+        encryptor.finalize()
+        return encryptor.tags_digest()
+
+    key = new_data_key()
+    base = bytes(3 * CHUNK_SIZE)
+    changed = bytearray(base)
+    changed[2 * CHUNK_SIZE + 9] = 1
+    assert digest(base, key) == digest(base, key)
+    assert digest(bytes(changed), key) != digest(base, key)
+    assert digest(base[:-1], key) != digest(base, key)
+    assert digest(base, new_data_key()) != digest(base, key)
+
+
+def test_tags_digest_needs_the_final_chunk() -> None:
+    encryptor = ChunkEncryptor(new_data_key(), AAD)
+    encryptor.update(b"abc")
+    with pytest.raises(ValueError):
+        encryptor.tags_digest()

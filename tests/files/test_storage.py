@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
 import stat
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +19,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from pytest_django import Settings
 
-from files.crypto import CHUNK_SIZE, TamperedContent, encrypted_size, new_data_key
+from files import storage
+from files.crypto import (
+    CHUNK_SIZE,
+    STORED_CHUNK_SIZE,
+    TAG_SIZE,
+    TamperedContent,
+    encrypted_size,
+    new_data_key,
+)
 from files.storage import (
     ContentStore,
     EncryptedSpool,
@@ -82,11 +93,20 @@ def backend(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) 
 def spool_into(
     store: ContentStore, name: str, pieces: list[bytes], *, data_key: bytes, aad: bytes
 ) -> EncryptedSpool:
-    spool = EncryptedSpool(data_key=data_key, aad_prefix=aad)
+    spool = EncryptedSpool(store, data_key=data_key, aad_prefix=aad)
     for piece in pieces:
         spool.write(piece)
-    spool.close_and_store(store, name)
+    spool.commit(name)
     return spool
+
+
+def tags_digest(stored: bytes) -> str:
+    """SHA-256 over the tag that ends each stored chunk, the final short chunk included."""
+    tags = b"".join(
+        stored[start : start + STORED_CHUNK_SIZE][-TAG_SIZE:]
+        for start in range(0, len(stored), STORED_CHUNK_SIZE)
+    )
+    return hashlib.sha256(tags).hexdigest()
 
 
 def read_plain(
@@ -148,15 +168,15 @@ def test_encrypted_spool_roundtrip_through_the_store(backend: Backend) -> None:
     plaintext = b"".join(lines)
     key = new_data_key()
 
-    spool = EncryptedSpool(data_key=key, aad_prefix=b"file-1")
+    spool = EncryptedSpool(backend.store, data_key=key, aad_prefix=b"file-1")
     for line in lines:
         spool.write(line)
-    stored = spool.close_and_store(backend.store, "files/file-1")
+    stored = spool.commit("files/file-1")
 
     size = len(plaintext)
     assert size > 10 * CHUNK_SIZE
     assert spool.plaintext_size == size
-    assert spool.sha256_hex == hashlib.sha256(plaintext).hexdigest()
+    assert spool.etag_digest == tags_digest(backend.raw("files/file-1"))
     assert stored == encrypted_size(size) == backend.store.size("files/file-1")
     raw = backend.raw("files/file-1")
     assert MARKER not in raw
@@ -185,7 +205,7 @@ def test_empty_file_roundtrip(backend: Backend) -> None:
     key = new_data_key()
     spool = spool_into(backend.store, "empty", [], data_key=key, aad=b"file-1")
     assert spool.stored_size == encrypted_size(0) == backend.store.size("empty")
-    assert spool.sha256_hex == hashlib.sha256(b"").hexdigest()
+    assert spool.etag_digest == tags_digest(backend.raw("empty"))
     assert read_plain(backend.store, "empty", key, 0, 0, -1) == b""
 
 
@@ -203,14 +223,14 @@ def test_tampered_blob_in_the_store_is_detected(backend: Backend) -> None:
 
 
 def test_discarded_spool_stores_nothing(backend: Backend) -> None:
-    spool = EncryptedSpool(data_key=new_data_key(), aad_prefix=b"file-1")
+    spool = EncryptedSpool(backend.store, data_key=new_data_key(), aad_prefix=b"file-1")
     spool.write(MARKER)
     spool.discard()
     spool.discard()
     with pytest.raises(ValueError):
         spool.write(b"more")
     with pytest.raises(ValueError):
-        spool.close_and_store(backend.store, "blob")
+        spool.commit("blob")
     assert backend.keys() == []
 
 
@@ -230,6 +250,99 @@ def test_local_names_cannot_escape_the_content_directory(
     with pytest.raises(Exception, match="outside"):
         content_store().save("../escaped", io.BytesIO(b"x"))
     assert not (tmp_path / "escaped").exists()
+
+
+def test_writer_shows_nothing_until_commit(backend: Backend) -> None:
+    store = backend.store
+    writer = store.open_writer()
+    writer.write(b"first ")
+    writer.write(memoryview(b"second"))
+    assert not store.exists("ab/blob")
+    assert writer.commit("ab/blob") == len(b"first second")
+    assert backend.raw("ab/blob") == b"first second"
+    assert backend.keys() == ["ab/blob"]
+    writer.abort()  # after commit: nothing to do
+    assert backend.keys() == ["ab/blob"]
+    with pytest.raises(ValueError):
+        writer.write(b"more")
+
+
+def test_aborted_writer_leaves_nothing(backend: Backend, tmp_path: Path) -> None:
+    writer = backend.store.open_writer()
+    writer.write(MARKER)
+    writer.abort()
+    writer.abort()
+    with pytest.raises(ValueError):
+        writer.commit("blob")
+    assert backend.keys() == []
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_local_writer_starts_writeback_and_flushes_while_writing(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    monkeypatch.setattr("files.storage._WRITEBACK_WINDOW", 1000)
+    monkeypatch.setattr("files.storage._SYNC_EVERY", 3000)
+    advised: list[tuple[int, int]] = []
+    flushes: list[int] = []
+    real_fdatasync = storage._fdatasync
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((offset, length))
+
+    def fdatasync(fd: int) -> None:
+        flushes.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr("files.storage._fadvise", fadvise)
+    monkeypatch.setattr("files.storage._fdatasync", fdatasync)
+    data = os.urandom(10_000)
+    writer = content_store().open_writer()
+    for start in range(0, len(data), 500):
+        writer.write(data[start : start + 500])
+    wait_for(lambda: flushes)  # in the background, before any commit
+    writer.commit("files/blob")
+
+    assert (tmp_path / "content" / "files" / "blob").read_bytes() == data
+    # Each full window handed to writeback, and the one four windows back dropped.
+    expected = []
+    for start in range(0, 10_000, 1000):
+        expected.append((start, 1000))
+        if start >= 4000:
+            expected.append((start - 4000, 1000))
+    assert advised == expected
+    assert [p.name for p in (tmp_path / "content").rglob("*") if p.is_file()] == ["blob"]
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_background_flush_failure_fails_the_commit_and_keeps_nothing(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    monkeypatch.setattr("files.storage._WRITEBACK_WINDOW", 100)
+    monkeypatch.setattr("files.storage._SYNC_EVERY", 100)
+
+    failed = threading.Event()
+
+    def broken(fd: int) -> None:
+        failed.set()
+        raise OSError(errno.EIO, "device gone")
+
+    monkeypatch.setattr("files.storage._fdatasync", broken)
+    spool = EncryptedSpool(content_store(), data_key=new_data_key(), aad_prefix=b"file-1")
+    with pytest.raises(OSError, match="device gone"), spool:
+        for _ in range(100):
+            spool.write(b"x" * 1000)
+        assert failed.wait(10)
+        spool.commit("files/blob")
+    assert [p for p in (tmp_path / "content").rglob("*") if p.is_file()] == []
 
 
 def test_s3_read_is_a_ranged_get_under_the_location_prefix(

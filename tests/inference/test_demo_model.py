@@ -32,7 +32,10 @@ def test_chat_template_renders_chatml_for_every_role(tiny_model_dir: Path) -> No
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "developer", "content": "No emoji."},
-        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}],
+        },
         {"role": "assistant", "content": "Hello."},
         {"role": "tool", "content": "42"},
     ]

@@ -51,7 +51,9 @@ def prompt(tokenizer, text: str, *, system: str | None = None) -> list[int]:
 
 
 def greedy(max_new_tokens: int, **options) -> SamplingParams:
-    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **options)
+    return SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **options
+    )
 
 
 def reference(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
@@ -102,7 +104,9 @@ def test_render_prompt_matches_the_tokenizer_and_keeps_text_parts_only(tokenizer
     plain = [messages[0], {"role": "user", "content": "What is bread?"}]
     expected = tokenizer.apply_chat_template(plain, add_generation_prompt=True, return_dict=False)
     assert ids == list(expected)
-    assert tokenizer.decode(ids).endswith("<|im_start|>user\nWhat is bread?<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(ids).endswith(
+        "<|im_start|>user\nWhat is bread?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_greedy_equals_model_generate_for_a_single_request(model, tokenizer) -> None:
@@ -112,23 +116,34 @@ def test_greedy_equals_model_generate_for_a_single_request(model, tokenizer) -> 
     result = run(engine, [GenerationRequest("a", ids, greedy(24))])["a"]
 
     assert result.choices[0].token_ids == reference(model, ids, 24)
-    assert result.choices[0].text == tokenizer.decode(result.choices[0].token_ids, skip_special_tokens=True)
+    assert result.choices[0].text == tokenizer.decode(
+        result.choices[0].token_ids, skip_special_tokens=True
+    )
     assert result.prompt_tokens == len(ids)
 
 
 def test_greedy_in_a_mixed_batch_equals_unbatched_generation(model, tokenizer) -> None:
-    # Different prompt lengths and budgets through 3 rows: rows finish at different steps, new
-    # ones join (a long prompt joining late moves the store right), and 90 tokens outgrow the
-    # store's first capacity (a relayout to the left).
-    texts = ["Hi.", "Summarize the following text " * 12, "Write a short poem about the sea.", "Why?"]
-    texts += ["Explain lists and tuples in Python, please. " * 6, "Thanks!"]
-    budgets = [5, 12, 90, 3, 17, 30]
+    # Different prompt lengths and budgets through 3 rows: rows finish at different steps and
+    # new ones join; the long prompt joining late moves the store right (and grows it), and the
+    # last request's 120 tokens reach the end of the store (a move back to the left).
+    texts = [
+        "Write a short poem about the sea.",
+        "Hi.",
+        "Why?",
+        "Summarize the following text " * 7,
+        "Explain lists and tuples in Python, please. " * 3,
+        "Thanks!",
+    ]
+    budgets = [40, 5, 3, 12, 17, 120]
     prompts = [prompt(tokenizer, t) for t in texts]
     engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
 
     results = run(
         engine,
-        [GenerationRequest(str(i), p, greedy(b)) for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))],
+        [
+            GenerationRequest(str(i), p, greedy(b))
+            for i, (p, b) in enumerate(zip(prompts, budgets, strict=True))
+        ],
     )
 
     for i, (p, b) in enumerate(zip(prompts, budgets, strict=True)):
@@ -172,7 +187,9 @@ def test_n_choices_share_one_prefill(model, tokenizer) -> None:
         engine,
         [
             GenerationRequest("greedy", ids, greedy(10, n=3)),
-            GenerationRequest("sampled", ids, SamplingParams(max_new_tokens=10, n=3, seed=5, ignore_eos=True)),
+            GenerationRequest(
+                "sampled", ids, SamplingParams(max_new_tokens=10, n=3, seed=5, ignore_eos=True)
+            ),
         ],
     )
 
@@ -187,10 +204,16 @@ def test_n_choices_share_one_prefill(model, tokenizer) -> None:
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Give me a word.")
-    params = SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
-    alone = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("x", ids, params)])
+    params = SamplingParams(
+        max_new_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True
+    )
+    alone = run(
+        Engine(model, tokenizer, context_length=2048), [GenerationRequest("x", ids, params)]
+    )
     mates = [
-        GenerationRequest(f"m{i}", prompt(tokenizer, "Other text " * i), SamplingParams(max_new_tokens=4 + i))
+        GenerationRequest(
+            f"m{i}", prompt(tokenizer, "Other text " * i), SamplingParams(max_new_tokens=4 + i)
+        )
         for i in range(1, 6)
     ]
     crowded = run(
@@ -210,7 +233,9 @@ def test_tiny_top_p_is_greedy(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1e-6, ignore_eos=True)
 
-    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)])
+    result = run(
+        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)]
+    )
 
     assert result["a"].choices[0].token_ids == reference(model, ids, 12)
 
@@ -238,7 +263,9 @@ def test_end_of_sequence_stops_with_reason_stop(model, tokenizer) -> None:
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     params = SamplingParams(max_new_tokens=10, temperature=0.0, logit_bias={im_end: 100.0})
 
-    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)])["a"]
+    result = run(
+        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)]
+    )["a"]
 
     assert result.choices[0].token_ids == [im_end]
     assert result.choices[0].finish_reason == "stop"
@@ -249,7 +276,9 @@ def test_end_of_sequence_stops_with_reason_stop(model, tokenizer) -> None:
 def test_max_new_tokens_ends_with_reason_length(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
 
-    result = run(Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, greedy(7))])["a"]
+    result = run(
+        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, greedy(7))]
+    )["a"]
 
     assert result.choices[0].finish_reason == "length"
     assert result.completion_tokens == len(result.choices[0].token_ids) == 7
@@ -265,7 +294,9 @@ def test_stop_string_ends_generation_and_is_trimmed(model, tokenizer) -> None:
     )
     stop = full.text[start : start + 2]
 
-    stopped = run(engine, [GenerationRequest("a", ids, greedy(40, stop=("zzzz", stop)))])["a"].choices[0]
+    stopped = run(engine, [GenerationRequest("a", ids, greedy(40, stop=("zzzz", stop)))])[
+        "a"
+    ].choices[0]
 
     assert stopped.finish_reason == "stop"
     assert stopped.text == full.text[: full.text.find(stop)]
@@ -335,12 +366,17 @@ def test_requests_are_pulled_lazily_as_rows_free_up(model, tokenizer) -> None:
 
 def test_busy_time_shares_add_up_to_the_engine_busy_time(model, tokenizer) -> None:
     engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
-    requests = [GenerationRequest(str(i), prompt(tokenizer, "x " * i), greedy(4 + i, n=1 + i % 2)) for i in range(7)]
+    requests = [
+        GenerationRequest(str(i), prompt(tokenizer, "x " * i), greedy(4 + i, n=1 + i % 2))
+        for i in range(7)
+    ]
 
     results = run(engine, requests)
 
     assert all(r.busy_seconds > 0 for r in results.values())
-    assert sum(r.busy_seconds for r in results.values()) == pytest.approx(engine.busy_seconds_total, rel=1e-9)
+    assert sum(r.busy_seconds for r in results.values()) == pytest.approx(
+        engine.busy_seconds_total, rel=1e-9
+    )
 
 
 def test_invalid_requests_are_errors_not_exceptions(model, tokenizer) -> None:
