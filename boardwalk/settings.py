@@ -99,8 +99,9 @@ else:
         }
     }
 if not DATABASE_URL:
-    # A file, not :memory:, so that worker threads in the tests share the test database.
-    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test.sqlite3")}
+    # A file, not :memory:, so that worker threads in the tests share the test database;
+    # one per test process, so that parallel runs do not trample each other.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
 IS_POSTGRES = DATABASES["default"]["ENGINE"].endswith("postgresql")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

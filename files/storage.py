@@ -23,16 +23,12 @@ from storages.utils import clean_name
 from files.crypto import ChunkEncryptor, decrypt_range
 
 _COPY_BUFFER = 1024 * 1024
-# Local blobs are written in windows: each full one is handed to the kernel for writeback at
-# once, and every few windows a background thread flushes the file to stable storage, so that
-# the disk works while the upload streams rather than all in the final fsync.
-_WRITEBACK_WINDOW = 8 * 1024 * 1024
-_EVICT_LAG = 4  # windows: the one this far behind has been written back by now
-_SYNC_EVERY = 32 * 1024 * 1024
+# While a local blob is written, a background thread flushes it to stable storage every so
+# many bytes, so that the disk works as the upload streams rather than all in the final fsync
+# (docs/PERFORMANCE.md has the numbers).
+_SYNC_EVERY = 16 * 1024 * 1024
 _STAGING_DIR = ".incoming"
-# Neither exists on macOS: there the kernel writes back on its own, and fsync flushes.
-_fadvise = getattr(os, "posix_fadvise", None)
-_fdatasync = getattr(os, "fdatasync", os.fsync)
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
 
 class BlobWriter(Protocol):
@@ -111,45 +107,46 @@ class FileSystemContentStore:
 class _LocalBlobWriter:
     def __init__(self, store: FileSystemContentStore, staging: str) -> None:
         self._store = store
-        self._fd, self._path = tempfile.mkstemp(dir=staging, prefix="blob-")
-        self._open = True
+        fd, path = tempfile.mkstemp(dir=staging, prefix="blob-")
+        self._fd: int | None = fd
+        self._path: str | None = path  # None once renamed into place or removed
         self._size = 0
-        self._kicked = 0  # bytes handed to writeback so far
-        self._synced_to = 0  # bytes written when a background flush was last asked for
+        self._flush_asked_at = 0  # bytes written when a background flush was last asked for
         self._syncer: _BackgroundSync | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._open:
-            raise ValueError("blob writer already committed or aborted")
+        fd, _ = self._staged()
         view = memoryview(data)
         while view:
-            written = os.write(self._fd, view)
+            written = os.write(fd, view)
             view = view[written:]
             self._size += written
-        if self._size - self._kicked >= _WRITEBACK_WINDOW:
-            self._writeback()
+        if self._size - self._flush_asked_at >= _SYNC_EVERY:
+            self._flush_in_background(fd)
 
     def commit(self, name: str) -> int:
-        if not self._open:
-            raise ValueError("blob writer already committed or aborted")
+        fd, staged = self._staged()
         path = self._store.storage.path(name)  # refuses names outside the directory
         directory = os.path.dirname(path)
         self._store._make_directory(directory)
         syncer, self._syncer = self._syncer, None
+        if syncer is not None:
+            syncer.stop()
         try:
-            if syncer is not None:
-                syncer.stop()
             # Durable before the row that points at it commits. A background flush may be
             # under way: this one waits for it and for whatever came after.
-            os.fsync(self._fd)
+            os.fsync(fd)
         finally:
             if syncer is not None:
                 syncer.join()
-        os.close(self._fd)
-        self._open = False
+        if syncer is not None and syncer.error is not None:
+            raise syncer.error
+        self._fd = None
+        os.close(fd)
         if self._store.storage.file_permissions_mode is not None:
-            os.chmod(self._path, self._store.storage.file_permissions_mode)
-        os.replace(self._path, path)
+            os.chmod(staged, self._store.storage.file_permissions_mode)
+        os.replace(staged, path)
+        self._path = None
         _fsync_directory(directory)
         return self._size
 
@@ -159,38 +156,34 @@ class _LocalBlobWriter:
             self._syncer.stop()
             self._syncer.join()
             self._syncer = None
-        if self._open:
-            self._open = False
-            os.close(self._fd)
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+        if self._path is not None:
+            path, self._path = self._path, None
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path)
+                os.unlink(path)
 
-    def _writeback(self) -> None:
-        start, end = self._kicked, self._size
-        self._kicked = end
-        if _fadvise is not None:
-            # DONTNEED starts writeback of the dirty pages of the range without waiting, and
-            # drops pages already written: those of an older window go, so the upload keeps
-            # little page cache and the pages it takes next are recently used ones.
-            _fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
-            old = start - _EVICT_LAG * _WRITEBACK_WINDOW
-            if old >= 0:
-                _fadvise(self._fd, old, _WRITEBACK_WINDOW, os.POSIX_FADV_DONTNEED)
-        if end - self._synced_to >= _SYNC_EVERY:
-            self._synced_to = end
-            if self._syncer is None:
-                self._syncer = _BackgroundSync(self._fd)
-            self._syncer.request()
-            error = self._syncer.error
-            if error is not None:
-                raise error
+    def _staged(self) -> tuple[int, str]:
+        if self._fd is None or self._path is None:
+            raise ValueError("blob writer already committed or aborted")
+        return self._fd, self._path
+
+    def _flush_in_background(self, fd: int) -> None:
+        self._flush_asked_at = self._size
+        if self._syncer is None:
+            self._syncer = _BackgroundSync(fd)
+        error = self._syncer.error
+        if error is not None:
+            raise error
+        self._syncer.request()
 
 
 class _BackgroundSync:
     """Flushes a file to stable storage from a thread, on request, while it is written.
 
-    The final fsync then has little left to do. A flush error is kept and raised by the
-    writer: once reported to one fsync, the kernel does not report it to the next.
+    The final fsync then has little left to do. A flush error is kept for the writer to
+    raise: once reported to one fsync, the kernel does not report it to the next.
     """
 
     def __init__(self, fd: int) -> None:
@@ -214,8 +207,6 @@ class _BackgroundSync:
 
     def join(self) -> None:
         self._thread.join()
-        if self.error is not None:
-            raise self.error
 
     def _run(self) -> None:
         while True:

@@ -25,6 +25,8 @@ from files.validation import InputValidator, Resolver, ValidationReport
 FILE_FIELD = "file"
 TEXT_FIELDS = frozenset({"purpose"})
 MAX_TEXT_FIELD_BYTES = 64 * 1024
+# A form has two fields; a few extra ones are named back in the error, not thousands.
+MAX_PARTS = 16
 # Room for the boundaries, part headers and small fields around a file at the size limit.
 MULTIPART_OVERHEAD = 1 * MiB
 
@@ -90,8 +92,12 @@ def upload_receive(
         raise _too_large()
     reader = MultipartReader(read, boundary)
     form = ReceivedForm()
+    parts = 0
     try:
         while (part := reader.next_part()) is not None:
+            parts += 1
+            if parts > MAX_PARTS:
+                raise MultipartError(f"The form has more than {MAX_PARTS} fields.")
             if part.name == FILE_FIELD and form.upload is None:
                 form.upload = upload = _new_upload(resolver)
                 for chunk in reader.chunks():

@@ -24,5 +24,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(
-        part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text"
+        part.get("text", "")
+        for part in content
+        if isinstance(part, dict) and part.get("type") == "text"
     )

@@ -84,7 +84,9 @@ class Engine:
         if window and getattr(config, "use_sliding_window", True) and window < context_length:
             # The store keeps every column; a sliding window shorter than the context would
             # need its own mask per layer.
-            raise ValueError("models with a sliding window shorter than the context are not supported")
+            raise ValueError(
+                "models with a sliding window shorter than the context are not supported"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
@@ -134,7 +136,11 @@ class Engine:
         work_since_poll = float("inf")
 
         while True:
-            if aborted is not None and (rows or waiting) and work_since_poll >= self.abort_poll_seconds:
+            if (
+                aborted is not None
+                and (rows or waiting)
+                and work_since_poll >= self.abort_poll_seconds
+            ):
                 aborted_ids = frozenset(aborted())
                 work_since_poll = 0.0
                 yield from self._abort(store, rows, waiting, aborted_ids)
@@ -283,9 +289,15 @@ class Engine:
             src = source if isinstance(source, _Sequence) else rows[source.primary_row]
             seq = rows[request.primary_row]
             store.copy_columns(
-                src=rows.index(src), dst=request.primary_row, lo=src.start, hi=src.start + shared, to=seq.start
+                src=rows.index(src),
+                dst=request.primary_row,
+                lo=src.start,
+                hi=src.start + shared,
+                to=seq.start,
             )
-            logits[id(request)] = self._extend(store, request.primary_row, seq.start, shared, request.prompt)
+            logits[id(request)] = self._extend(
+                store, request.primary_row, seq.start, shared, request.prompt
+            )
 
         for request in joining:
             for choice in range(1, request.n):
@@ -326,7 +338,9 @@ class Engine:
         allowed = (q[None, :] <= q[:, None])[None] & (q[None, None, :] >= pad[:, None, None])
         # A padding query sees itself only: a fully masked row would produce NaN with eager.
         allowed |= torch.eye(width, dtype=torch.bool)[None]
-        cache = store.window(rows=(first, first + len(chunk)), past=write - width, write_at=write - width)
+        cache = store.window(
+            rows=(first, first + len(chunk)), past=write - width, write_at=write - width
+        )
         out = self._forward(ids, positions, allowed[:, None], cache)
         return {id(r): out[i] for i, r in enumerate(chunk)}
 
@@ -391,8 +405,12 @@ class Engine:
             seq = rows[first + offset]
             seq.tokens.append(token)
             params = seq.owner.request.params
+            stopped = token in self.eos_token_ids and not params.ignore_eos
             text = None
-            if (token in self.eos_token_ids and not params.ignore_eos) or (params.stop and (text := self._stopped_text(seq.tokens, params.stop)) is not None):
+            if not stopped and params.stop:
+                text = self._stopped_text(seq.tokens, params.stop)
+                stopped = text is not None
+            if stopped:
                 reason = FINISH_STOP
             elif len(seq.tokens) >= params.max_new_tokens:
                 reason = FINISH_LENGTH

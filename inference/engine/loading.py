@@ -27,7 +27,9 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     try:
         return _DTYPES[dtype.lower()]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; use auto or one of {sorted(_DTYPES)}") from None
+        raise ModelLoadError(
+            f"unknown dtype {dtype!r}; use auto or one of {sorted(_DTYPES)}"
+        ) from None
 
 
 def load_model(

@@ -104,7 +104,9 @@ def _draw(logits: torch.Tensor, rows: list[RowSampling], use_top_p: bool) -> tor
     cumulative = probs.cumsum(dim=-1)
     draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(logits.device)
     targets = draws * cumulative[:, -1]
-    picked = torch.searchsorted(cumulative, targets[:, None], right=True).clamp_(max=probs.shape[-1] - 1)
+    picked = torch.searchsorted(cumulative, targets[:, None], right=True).clamp_(
+        max=probs.shape[-1] - 1
+    )
     if order is not None:
         picked = order.gather(1, picked)
     return picked[:, 0]

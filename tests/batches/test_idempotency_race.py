@@ -18,7 +18,11 @@ from tests.conftest import Api, jsonl, postgres_only, request_line
 @pytest.mark.django_db(transaction=True)
 def test_twenty_identical_racing_requests_make_one_batch_and_one_hold(api: Api, catalog_model):
     file_id = api.upload(jsonl(request_line("a"), request_line("b"))).json()["id"]
-    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
     start = threading.Barrier(20)
     results: list[Any] = []
 

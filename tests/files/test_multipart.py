@@ -343,6 +343,7 @@ def test_declared_length_over_the_limit_is_413_before_reading(monkeypatch) -> No
         (form(field("purpose", b"\xff")), "invalid_multipart"),
         (form(field("purpose", b"b" * 70_000)), "invalid_multipart"),
         (b"junk", "invalid_multipart"),
+        (form(*(field(f"f{i}", b"1") for i in range(17))), "invalid_multipart"),
     ],
 )
 def test_bad_bodies_are_400_and_keep_nothing(body: bytes, code: str, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ class _Gunicorn(BaseApplication):
         return application
 
 
-def _start_embedded_worker(server, worker) -> None:
+def _start_embedded_worker(worker) -> None:
     from boardwalk.worker_runtime import WorkerRuntime
 
     worker.boardwalk_runtime = WorkerRuntime().start()
