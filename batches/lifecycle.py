@@ -9,13 +9,14 @@ charged twice.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import orjson
 from django.db import transaction
 from django.db.models import Q
 
-from batches.items import batch_has_open_items, batch_revoke_leases
+from batches.items import batch_has_open_items, batch_live_leases, batch_revoke_leases
 from batches.models import Batch, BatchItem
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
@@ -47,6 +48,9 @@ _OUTCOME_ITEM_CODES = {
     Batch.Status.EXPIRED: "batch_expired",
     Batch.Status.FAILED: "batch_failed",
 }
+
+
+STOP_GRACE = dt.timedelta(seconds=15)
 
 
 class NotReady(Exception):
@@ -112,7 +116,12 @@ def batch_finalize(*, batch_id: str) -> Batch | None:
             return None
         batch.refresh_from_db()
     if batch.outcome != Batch.Status.COMPLETED:
-        # Stopping: fence off running items so no late result sneaks in after assembly.
+        # Stopping. Workers notice within a second and hand their items back with the GPU
+        # time they spent (billed for deployments), so give them a short grace; then fence
+        # off whatever still runs so no late result sneaks in after assembly.
+        stopping_since = batch.cancelling_at or min(batch.expires_at, clock.now())
+        if batch_live_leases(batch_id=batch.id) and clock.now() < stopping_since + STOP_GRACE:
+            raise NotReady(batch.id)
         batch_revoke_leases(batch_id=batch.id)
     elif batch_has_open_items(batch_id=batch.id):
         raise NotReady(batch.id)

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from batches.items import EngineKey, item_finish, items_claim, leases_recover
+from batches.lifecycle import NotReady
 from batches.models import Batch, BatchItem
 from batches.sweeps import sweep_work
 from billing.models import LedgerEntry
@@ -18,7 +19,7 @@ from files.models import File
 from inference.engine.chat import render_prompt
 from inference.runtime import tokenizer_for
 from tests.batches.conftest import finalize, rows, run_worker, submit
-from tests.conftest import PRICES, Api, Tenant, content_of, parse_jsonl, request_line
+from tests.conftest import PRICES, Api, Tenant, content_of, jsonl, parse_jsonl, request_line
 
 pytestmark = pytest.mark.django_db
 
@@ -150,7 +151,10 @@ def test_cancel_midway_publishes_finished_results(api: Api, catalog_model):
     running = items_claim(key=key, worker_id="w-late", limit=1)[0]
     assert api.post(f"/v1/batches/{data['id']}/cancel").json()["status"] == "cancelling"
     assert api.post(f"/v1/batches/{data['id']}/cancel").json()["status"] == "cancelling"
-    batch = finalize(data["id"])
+    with pytest.raises(NotReady):
+        finalize(data["id"])  # the running item gets a grace period to stop
+    with clock.travel(dt.timedelta(minutes=1)):
+        batch = finalize(data["id"])
     assert batch.status == "cancelled"
     # The late worker's result is fenced off.
     assert not item_finish(item=running, worker_id="w-late", succeeded=True, result=b"x")
@@ -316,3 +320,67 @@ def test_input_file_of_unfinished_batch_cannot_be_deleted(api: Api, catalog_mode
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "file_in_use"
     assert File.objects.get(id=data["input_file_id"]).status == "processed"
+
+
+def test_deployment_batch_is_charged_gpu_time_not_tokens(api: Api, tenant: Tenant, deployment):
+    data = submit(api, rows(3, model=deployment.name))
+    run_worker(data["id"])
+    batch = finalize(data["id"])
+    assert batch.status == "completed"
+    items = list(BatchItem.objects.filter(batch_id=data["id"]))
+    seconds = [i.gpu_seconds for i in items]
+    assert all(s > 0 for s in seconds)
+    assert batch.charge_microusd == sum(round(s * deployment.gpu_second_price) for s in seconds)
+    payload = api.get(f"/v1/batches/{data['id']}").json()
+    assert payload["billing"] == "gpu_time" and payload["pricing"] is None
+    assert credit_for_org(org_id=tenant.org.id).held == 0
+
+
+def test_gpu_time_spent_before_a_cancel_is_charged(api: Api, deployment):
+    from batches.items import item_release
+
+    data = submit(api, rows(2, model=deployment.name))
+    batch = Batch.objects.get(id=data["id"])
+    item = items_claim(key=EngineKey(batch.revision_id, deployment.id), worker_id="w", limit=1)[0]
+    api.post(f"/v1/batches/{data['id']}/cancel")
+    item_release(item=item, worker_id="w", gpu_seconds=2.5)  # the engine aborted it
+    batch = finalize(data["id"])
+    assert batch.status == "cancelled"
+    assert batch.charge_microusd == round(2.5 * deployment.gpu_second_price)
+    assert (
+        LedgerEntry.objects.get(batch_id=batch.id, kind="charge").amount_microusd
+        == batch.charge_microusd
+    )
+
+
+def test_receipts_list_by_batch_with_cursor(api: Api, other_tenant: Tenant, catalog_model):
+    data = submit(api, rows(3))
+    run_worker(data["id"])
+    finalize(data["id"])
+    page = api.get(f"/v1/requests?batch_id={data['id']}&limit=2").json()
+    assert page["object"] == "list" and len(page["data"]) == 2 and page["has_more"] is True
+    rest = api.get(f"/v1/requests?batch_id={data['id']}&limit=2&after={page['last_id']}").json()
+    ids = [r["id"] for r in page["data"] + rest["data"]]
+    assert len(set(ids)) == 3
+    assert all(
+        r["object"] == "request.receipt" and r["batch_id"] == data["id"] for r in page["data"]
+    )
+    assert other_tenant.api.get(f"/v1/requests/{ids[0]}").status_code == 404
+    assert other_tenant.api.get("/v1/requests").json()["data"] == []
+
+
+def test_retention_shreds_results_after_seven_days_and_unused_input_after_a_day(
+    api: Api, catalog_model
+):
+    data = submit(api, rows(1))
+    run_worker(data["id"])
+    batch = finalize(data["id"])
+    unused = api.upload(jsonl(request_line())).json()["id"]
+    with clock.travel(dt.timedelta(hours=25)):
+        sweep_work()
+        assert File.objects.get(id=unused).status == "deleted"
+        assert File.objects.get(id=batch.output_file_id).status == "processed"
+    with clock.travel(dt.timedelta(days=7, minutes=1)):
+        sweep_work()
+        assert File.objects.get(id=batch.output_file_id).status == "deleted"
+        assert api.get(f"/v1/files/{batch.output_file_id}/content").status_code == 404
