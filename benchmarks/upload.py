@@ -105,13 +105,18 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
     from django.core.management import call_command
 
     from boardwalk.services import org_create
+    from files import storage
     from files.multipart import multipart_boundary
     from files.services import file_create_from_upload
     from files.upload import upload_receive
     from files.validation import ModelTarget
 
     if not fsync:  # diagnostic only: what durability costs on this disk
-        os.fsync = os.fdatasync = lambda fd: None
+
+        def no_sync(fd: int) -> None:
+            return None
+
+        os.fsync = os.fdatasync = storage._fdatasync = no_sync
 
     call_command("migrate", verbosity=0)
     org = org_create(name=f"bench-{time.time_ns()}")

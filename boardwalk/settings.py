@@ -160,8 +160,10 @@ GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMA
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
 
-# Upload handling: our own streaming handler validates and encrypts as bytes arrive.
-FILE_UPLOAD_HANDLERS = ["files.upload.StreamingUploadHandler"]
+# Uploads never go through Django's handlers: POST /v1/files parses its multipart body
+# itself (files/multipart.py), validating and encrypting as bytes arrive; any other upload
+# is refused, so nothing ever spools plaintext to disk.
+FILE_UPLOAD_HANDLERS = ["files.upload.RefuseFileUploads"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 REST_FRAMEWORK = {

@@ -30,7 +30,9 @@ class File(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROCESSED)
     filename = models.CharField(max_length=200)
     bytes = models.BigIntegerField(help_text="Plaintext size.")
-    sha256 = models.CharField(max_length=64, help_text="Of the plaintext; the strong ETag.")
+    sha256 = models.CharField(
+        max_length=64, help_text="SHA-256 over the GCM chunk tags, in order: the strong ETag."
+    )
     storage_name = models.CharField(max_length=300)
     stored_bytes = models.BigIntegerField(default=0)
     key_id = models.CharField(max_length=64, blank=True)

@@ -169,4 +169,3 @@ class RefuseFileUploads(FileUploadHandler):
 
 
 # The name settings.FILE_UPLOAD_HANDLERS still uses.
-StreamingUploadHandler = RefuseFileUploads

@@ -36,7 +36,7 @@ def _resolver(org: Any) -> Any:
 class FileCollectionView(APIView):
     """POST /v1/files uploads; there is deliberately no listing (GET answers 405)."""
 
-    scopes = {"POST": WRITE}
+    scopes = {"POST": WRITE, "GET": READ}
 
     def get(self, request: Any) -> Response:
         raise MethodNotAllowed(

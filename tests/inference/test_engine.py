@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from inference.engine import (
     Engine,
@@ -153,6 +154,21 @@ def test_greedy_in_a_mixed_batch_equals_unbatched_generation(model, tokenizer) -
         assert results[str(i)].completion_tokens == b
 
 
+def test_eager_attention_gets_an_additive_mask_and_the_same_tokens(
+    model, tokenizer, tiny_model_dir: Path
+) -> None:
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, local_files_only=True, attn_implementation="eager"
+    ).eval()
+    prompts = [prompt(tokenizer, "Hi."), prompt(tokenizer, "A longer question, " * 5)]
+    engine = Engine(eager, tokenizer, context_length=2048, max_batch_size=2)
+
+    results = run(engine, [GenerationRequest(str(i), p, greedy(12)) for i, p in enumerate(prompts)])
+
+    for i, p in enumerate(prompts):
+        assert results[str(i)].choices[0].token_ids == reference(model, p, 12)
+
+
 def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> None:
     first = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
     second = prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM)
@@ -250,12 +266,15 @@ def test_logit_bias_and_presence_penalty_steer_the_choice(model, tokenizer) -> N
         [
             GenerationRequest("bias", ids, greedy(6, logit_bias={forced: 100.0})),
             GenerationRequest("presence", ids, greedy(30, presence_penalty=100.0)),
+            GenerationRequest("frequency", ids, greedy(30, frequency_penalty=100.0)),
         ],
     )
 
     assert results["bias"].choices[0].token_ids == [forced] * 6
-    presence = results["presence"].choices[0].token_ids
-    assert len(set(presence)) == len(presence)  # a repeated token would have paid 100
+    for name in ("presence", "frequency"):
+        tokens = results[name].choices[0].token_ids
+        assert len(set(tokens)) == len(tokens)  # a repeated token would have paid 100
+    assert len(set(reference(model, ids, 30))) < 30  # unpenalized, it repeats itself
 
 
 def test_end_of_sequence_stops_with_reason_stop(model, tokenizer) -> None:
