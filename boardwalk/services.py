@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import secrets
@@ -15,6 +16,7 @@ from boardwalk.errors import InvalidRequest
 from boardwalk.models import ALL_SCOPES, ApiKey, Organization
 
 KEY_PREFIX = "bw_"
+LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -75,4 +77,8 @@ def api_key_authenticate(secret: str) -> ApiKey | None:
         return None
     if key.revoked_at is not None:
         return None
+    now = clock.now()
+    if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
+        # At most one write a minute per key: enough for staff to spot unused keys.
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
     return key

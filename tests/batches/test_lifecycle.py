@@ -384,3 +384,22 @@ def test_retention_shreds_results_after_seven_days_and_unused_input_after_a_day(
         sweep_work()
         assert File.objects.get(id=batch.output_file_id).status == "deleted"
         assert api.get(f"/v1/files/{batch.output_file_id}/content").status_code == 404
+
+
+def test_cancel_while_finalizing_returns_the_batch_unchanged(api: Api, catalog_model):
+    data = submit(api, rows(1))
+    run_worker(data["id"])
+    Batch.objects.filter(id=data["id"]).update(status="finalizing", outcome="completed")
+    response = api.post(f"/v1/batches/{data['id']}/cancel")
+    assert response.status_code == 200
+    assert response.json()["status"] == "finalizing"
+    assert finalize(data["id"]).status == "completed"
+
+
+def test_finalizing_never_sticks_when_the_finalize_message_is_lost(api: Api, catalog_model):
+    data = submit(api, rows(2))
+    run_worker(data["id"])  # its finalize message is never sent in this test
+    report = sweep_work()
+    assert data["id"] in report.to_finalize
+    assert Batch.objects.get(id=data["id"]).status == "finalizing"
+    assert finalize(data["id"]).status == "completed"
