@@ -18,7 +18,13 @@ from billing.pricing import TokenPrices, token_hold
 from billing.selectors import credit_for_org
 from billing.services import credit_hold
 from boardwalk import clock
-from boardwalk.errors import CapacityExceeded, Conflict, InsufficientCredit, InvalidRequest
+from boardwalk.errors import (
+    CapacityExceeded,
+    Conflict,
+    InsufficientCredit,
+    InvalidRequest,
+    ServiceUnavailable,
+)
 from boardwalk.models import Organization
 from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
@@ -26,6 +32,7 @@ from files.models import File
 from files.selectors import file_get_for_org
 from files.services import file_iter_lines
 from inference.chat_completions import max_output_tokens, prompt_ids
+from inference.engine.loading import ModelLoadError
 from inference.runtime import tokenizer_for
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
 
@@ -93,7 +100,15 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             code=exc.code,
             param="input_file_id",
         ) from exc
-    tokenizer = tokenizer_for(target.revision)
+    try:
+        tokenizer = tokenizer_for(target.revision)
+    except ModelLoadError as exc:
+        logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
+        raise ServiceUnavailable(
+            f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
+            "retry later or contact support.",
+            code="model_unavailable",
+        ) from exc
     index = file.line_index or []
     items = []
     lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))

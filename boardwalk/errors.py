@@ -34,6 +34,7 @@ _TYPES = {
     416: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    503: "server_error",
 }
 
 
@@ -106,6 +107,11 @@ class PayloadTooLarge(BoardwalkError):
 class RangeNotSatisfiable(BoardwalkError):
     status = 416
     code = "range_not_satisfiable"
+
+
+class ServiceUnavailable(BoardwalkError):
+    status = 503
+    code = "service_unavailable"
 
 
 class CapacityExceeded(BoardwalkError):

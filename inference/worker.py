@@ -150,8 +150,9 @@ def _serve(key: EngineKey, budget_seconds: float) -> set[str]:
                     request = GenerationRequest(
                         request_key, prompt_ids(tokenizer, body), sampling_params(body)
                     )
-                except Exception:
-                    logger.exception("item %s could not be prepared", item.pk)
+                except Exception as exc:
+                    # The type only: a message could quote the request's content.
+                    logger.error("item %s could not be prepared: %s", item.pk, type(exc).__name__)
                     held.pop(request_key, None)
                     if item_finish(
                         item=item,

@@ -278,3 +278,19 @@ def test_estimate_has_no_side_effects(api: Api, tenant: Tenant, uploaded: dict):
     assert not LedgerEntry.objects.filter(kind="hold").exists()
     read = api.post("/v1/batches/estimate", submission(uploaded["id"]), key=tenant.read_key)
     assert read.status_code == 200
+
+
+def test_unloadable_revision_at_acceptance_is_503_and_creates_nothing(
+    api: Api, uploaded: dict, tmp_path
+):
+    from inference import runtime
+    from inference.models import ModelRevision
+
+    ModelRevision.objects.update(weights=str(tmp_path / "gone"))
+    runtime._tokenizers.clear()
+    response = create(api, uploaded["id"])
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "model_unavailable"
+    assert Batch.objects.count() == 0
+    assert not LedgerEntry.objects.filter(kind="hold").exists()
+    assert not IdempotencyRecord.objects.exists()
