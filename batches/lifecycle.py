@@ -43,7 +43,7 @@ ITEM_ERROR_MESSAGES = {
     "invalid_request": "The engine rejected the request parameters.",
 }
 
-_OUTCOME_ITEM_CODES = {
+_OUTCOME_ITEM_CODES: dict[str, str] = {
     Batch.Status.CANCELLED: "batch_cancelled",
     Batch.Status.EXPIRED: "batch_expired",
     Batch.Status.FAILED: "batch_failed",
@@ -129,7 +129,7 @@ def batch_finalize(*, batch_id: str) -> Batch | None:
 
 
 def _publish(batch: Batch) -> Batch:
-    data_key = Keyring.current().unwrap(batch.key_id, bytes(batch.wrapped_key))
+    data_key = Keyring.current().unwrap(batch.key_id, batch.wrapped_key)
     stop_code = _OUTCOME_ITEM_CODES.get(batch.outcome)
     items = list(
         BatchItem.objects.filter(batch=batch)
@@ -156,7 +156,8 @@ def _publish(batch: Batch) -> Batch:
     out_size = err_size = 0
     for item in items:
         if item.state == BatchItem.State.SUCCEEDED:
-            row = unseal(data_key, bytes(item.result), f"{batch.id}:{item.index}".encode()) + b"\n"
+            sealed = bytes(item.result or b"")
+            row = unseal(data_key, sealed, f"{batch.id}:{item.index}".encode()) + b"\n"
             if out_size + len(row) <= MAX_RESULT_FILE_BYTES:
                 out_size += len(row)
                 out_rows.append(row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from django.conf import settings
@@ -126,7 +127,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
                 len(prompt_ids(tokenizer, body)),
             )
         )
-    if target.kind == "catalog":
+    if target.catalog is not None:
         prices = TokenPrices(
             target.catalog.price_input,
             target.catalog.price_cached_input,
@@ -135,10 +136,12 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         hold = sum(
             token_hold(prices, prompt=i.prompt_tokens, max_output=i.max_tokens * i.n) for i in items
         )
-    else:
+    elif target.deployment is not None:
         tokens = sum(i.prompt_tokens + i.max_tokens * i.n for i in items)
         micro_gpu_seconds = tokens * settings.GPU_MICROSECONDS_PER_TOKEN_ESTIMATE
         hold = -(-micro_gpu_seconds * target.deployment.gpu_second_price // 1_000_000)
+    else:
+        raise ValueError(f"model {target.name!r} resolved to neither catalog nor deployment")
     return BatchPlan(file=file, target=target, items=items, hold_microusd=hold)
 
 
@@ -181,20 +184,22 @@ def _create_rows(*, org: Organization, plan: BatchPlan, metadata: dict | None) -
     now = clock.now()
     target = plan.target
     key_id, wrapped = Keyring.current().wrap(new_data_key())
-    fields = {}
-    if target.kind == "catalog":
+    fields: dict[str, Any]
+    if target.catalog is not None:
         fields = {
             "billing": Batch.Billing.CATALOG,
             "price_input": target.catalog.price_input,
             "price_cached_input": target.catalog.price_cached_input,
             "price_output": target.catalog.price_output,
         }
-    else:
+    elif target.deployment is not None:
         fields = {
             "billing": Batch.Billing.GPU_TIME,
             "deployment": target.deployment,
             "gpu_second_price": target.deployment.gpu_second_price,
         }
+    else:
+        raise ValueError(f"model {target.name!r} resolved to neither catalog nor deployment")
     batch = Batch.objects.create(
         org=org,
         input_file=plan.file,

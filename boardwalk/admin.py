@@ -54,10 +54,10 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ("prefix", "org__name", "name")
     actions = ["revoke"]
 
-    def get_form(self, request: Any, obj: Any = None, **kwargs: Any) -> Any:
+    def get_form(self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         if obj is None:
             kwargs["form"] = ApiKeyCreateForm
-        return super().get_form(request, obj, **kwargs)
+        return super().get_form(request, obj, change=change, **kwargs)
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
         if obj is None:

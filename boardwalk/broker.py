@@ -12,6 +12,7 @@ duplicating a message costs latency, never work.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import dramatiq
 from django.conf import settings
@@ -45,13 +46,13 @@ class DjangoConnections(dramatiq.Middleware):
     their connections; without this a dead connection would poison every later message.
     """
 
-    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message) -> None:
+    def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         close_old_connections()
 
     def after_process_message(
         self,
         broker: dramatiq.Broker,
-        message: dramatiq.Message,
+        message: Any,
         *,
         result: object = None,
         exception: BaseException | None = None,

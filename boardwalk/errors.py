@@ -174,13 +174,13 @@ def _from_drf(exc: drf.APIException) -> BoardwalkError:
             f"The request body is not valid JSON: {exc.detail}", code="invalid_json"
         )
     if isinstance(exc, drf.Throttled):
-        return CapacityExceeded(str(exc.detail), retry_after=int(exc.wait or 60))
+        return CapacityExceeded(str(exc.detail), retry_after=int(getattr(exc, "wait", None) or 60))
     if isinstance(exc, drf.ValidationError):
         param, message = _first_validation_error(exc.detail)
         return InvalidRequest(message, code="invalid_request", param=param)
-    error = BoardwalkError(str(exc.detail), code=str(exc.default_code))
-    error.status = exc.status_code
-    return error
+    generic = BoardwalkError(str(exc.detail), code=str(exc.default_code))
+    generic.status = exc.status_code
+    return generic
 
 
 def _first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:

@@ -88,7 +88,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "boardwalk.sqlite3",
+            "NAME": str(DATA_DIR / "boardwalk.sqlite3"),
             "OPTIONS": {
                 # IMMEDIATE: a write transaction takes the write lock at BEGIN, so two
                 # writers queue on the busy timeout instead of failing mid-transaction.

@@ -51,6 +51,10 @@ class TamperedContent(CryptoError):
     """Stored bytes failed authentication: modified, truncated, misplaced or wrong key."""
 
 
+class KeyDestroyed(CryptoError):
+    """The row's wrapped data key is gone (deleted or expired content): nothing can decrypt it."""
+
+
 class UnknownMasterKey(CryptoError):
     """A wrapped data key names a master key that is not configured (any longer)."""
 
@@ -133,7 +137,9 @@ class Keyring:
         sealed = self._ciphers[self.current_id].encrypt(nonce, data_key, self._aad(self.current_id))
         return self.current_id, nonce + sealed
 
-    def unwrap(self, key_id: str, wrapped: bytes) -> bytes:
+    def unwrap(self, key_id: str, wrapped: bytes | memoryview | None) -> bytes:
+        if wrapped is None:
+            raise KeyDestroyed("the data key was destroyed: the content is deleted")
         cipher = self._ciphers.get(key_id)
         if cipher is None:
             raise UnknownMasterKey(

@@ -3,6 +3,8 @@ content store; this row holds only metadata and the wrapped data key."""
 
 from __future__ import annotations
 
+import builtins
+
 from django.db import models
 
 from boardwalk import clock
@@ -64,5 +66,5 @@ class File(models.Model):
     def is_readable(self) -> bool:
         return self.status == self.Status.PROCESSED and self.wrapped_key is not None
 
-    def aad(self) -> bytes:
+    def aad(self) -> builtins.bytes:
         return self.id.encode()

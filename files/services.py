@@ -174,7 +174,7 @@ def file_shred(*, file: File) -> None:
 
 def file_read_range(*, file: File, start: int, end: int) -> Iterator[bytes]:
     """Plaintext bytes [start, end] (inclusive), decrypting only the chunks they span."""
-    data_key = Keyring.current().unwrap(file.key_id, bytes(file.wrapped_key))
+    data_key = Keyring.current().unwrap(file.key_id, file.wrapped_key)
     return open_plaintext_range(
         content_store(),
         file.storage_name,

@@ -9,7 +9,7 @@ from inference.engine.types import GenerationResult, SamplingParams
 
 
 def max_output_tokens(body: dict[str, Any]) -> int:
-    return int(body.get("max_completion_tokens") or body.get("max_tokens"))
+    return int(body.get("max_completion_tokens") or body["max_tokens"])
 
 
 def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:

@@ -80,7 +80,7 @@ class _BatchKeys:
     def get(self, kind: str, row: Any) -> bytes:
         cache_key = (kind, row.pk)
         if cache_key not in self._keys:
-            self._keys[cache_key] = Keyring.current().unwrap(row.key_id, bytes(row.wrapped_key))
+            self._keys[cache_key] = Keyring.current().unwrap(row.key_id, row.wrapped_key)
         return self._keys[cache_key]
 
 
@@ -246,11 +246,7 @@ def _fail_batches_of(key: EngineKey, *, message: str) -> set[str]:
         revision_id=key.revision_id,
         status=Batch.Status.IN_PROGRESS,
         outcome="",
-        **(
-            {"deployment_id": key.deployment_id}
-            if key.deployment_id
-            else {"deployment__isnull": True}
-        ),
+        **_deployment_filter(key),
     ):
         if batch_fail(
             batch=batch,
@@ -260,3 +256,9 @@ def _fail_batches_of(key: EngineKey, *, message: str) -> set[str]:
             failed.add(batch.id)
     logger.error("failed %s batch(es) of %s: %s", len(failed), key, message[:200])
     return failed
+
+
+def _deployment_filter(key: EngineKey) -> dict[str, Any]:
+    if key.deployment_id:
+        return {"deployment_id": key.deployment_id}
+    return {"deployment__isnull": True}

@@ -112,6 +112,8 @@ class _WindowLayer(DynamicLayer):
         if s.keys[self.layer] is None:
             s.allocate_layer(self.layer, key_states)
         keys, values = s.keys[self.layer], s.values[self.layer]
+        if keys is None or values is None:
+            raise RuntimeError(f"layer {self.layer} has no buffer after allocation")
         end = s.write_at + key_states.shape[-2]
         keys[s.row_lo : s.row_hi, :, s.write_at : end] = key_states
         values[s.row_lo : s.row_hi, :, s.write_at : end] = value_states

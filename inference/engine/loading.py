@@ -57,7 +57,7 @@ def load_model(
     if revision:
         options["revision"] = revision
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model: Any = AutoModelForCausalLM.from_pretrained(
             weights, dtype=torch_dtype, device_map="auto" if spread else None, **options
         )
         tok = AutoTokenizer.from_pretrained(tokenizer or weights, **options)

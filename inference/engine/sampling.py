@@ -72,7 +72,7 @@ def sample(
     logits = logits.float()
     vocab = logits.shape[-1]
     for i, row in enumerate(rows):
-        if row.bias_ids is not None:
+        if row.bias_ids is not None and row.bias_values is not None:
             logits[i].index_add_(0, row.bias_ids, row.bias_values)
         if (row.presence_penalty or row.frequency_penalty) and histories[i]:
             seen = torch.tensor(histories[i], device=logits.device)
