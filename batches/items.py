@@ -71,7 +71,7 @@ def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem
             BatchItem.objects.filter(
                 id__in=ids, lease_owner=worker_id, state=BatchItem.State.RUNNING
             )
-            .select_related("batch")
+            .select_related("batch", "batch__input_file")
             .order_by("deadline", "batch_id", "index")
         )
 

@@ -72,16 +72,15 @@ class _Heartbeat(threading.Thread):
 
 
 class _BatchKeys:
-    """Unwrapped data keys of the batches and input files this run touches."""
+    """Unwrapped data keys of the batches this run writes results for."""
 
     def __init__(self) -> None:
-        self._keys: dict[tuple[str, str], bytes] = {}
+        self._keys: dict[str, bytes] = {}
 
-    def get(self, kind: str, row: Any) -> bytes:
-        cache_key = (kind, row.pk)
-        if cache_key not in self._keys:
-            self._keys[cache_key] = Keyring.current().unwrap(row.key_id, row.wrapped_key)
-        return self._keys[cache_key]
+    def get(self, batch: Batch) -> bytes:
+        if batch.pk not in self._keys:
+            self._keys[batch.pk] = Keyring.current().unwrap(batch.key_id, batch.wrapped_key)
+        return self._keys[batch.pk]
 
 
 def _result_row(item: BatchItem, result: GenerationResult) -> bytes:
@@ -146,7 +145,7 @@ def _serve(key: EngineKey, budget_seconds: float) -> set[str]:
             for item in claimed:
                 request_key = f"{item.id}:{item.lease_token}"
                 try:
-                    body = _input_body(item, keys)
+                    body = _input_body(item)
                     request = GenerationRequest(
                         request_key, prompt_ids(tokenizer, body), sampling_params(body)
                     )
@@ -191,7 +190,7 @@ def _serve(key: EngineKey, budget_seconds: float) -> set[str]:
     return done
 
 
-def _input_body(item: BatchItem, keys: _BatchKeys) -> dict[str, Any]:
+def _input_body(item: BatchItem) -> dict[str, Any]:
     file = item.batch.input_file
     (line,) = file_iter_lines(file=file, spans=[(item.line_offset, item.line_length)])
     return orjson.loads(line)["body"]
@@ -214,7 +213,7 @@ def _record(
             gpu_seconds=result.busy_seconds,
         )
     else:
-        sealed = seal(keys.get("batch", item.batch), _result_row(item, result), _item_aad(item))
+        sealed = seal(keys.get(item.batch), _result_row(item, result), _item_aad(item))
         written = item_finish(
             item=item,
             worker_id=owner,

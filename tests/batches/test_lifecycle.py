@@ -158,7 +158,7 @@ def test_cancel_midway_publishes_finished_results(api: Api, catalog_model):
     assert batch.status == "cancelled"
     # The late worker's result is fenced off.
     assert not item_finish(item=running, worker_id="w-late", succeeded=True, result=b"x")
-    output = download(Api(api.client, api.key), batch.output_file_id)
+    output = download(api, batch.output_file_id)
     errors = download(api, batch.error_file_id)
     assert len(output) == 2
     assert [e["error"]["code"] for e in errors] == ["batch_cancelled"] * 2
@@ -173,7 +173,6 @@ def run_worker_items(key: EngineKey, count: int) -> None:
     """Run exactly `count` items through the real worker path."""
     from inference import worker
 
-    original = worker.CLAIM_GROUP
     claimed = 0
     real_claim = worker.items_claim
 
@@ -191,7 +190,6 @@ def run_worker_items(key: EngineKey, count: int) -> None:
         worker.serve_key(key)
     finally:
         worker.items_claim = real_claim
-        worker.CLAIM_GROUP = original
 
 
 def test_expiry_publishes_what_finished_and_expires_the_rest(api: Api, catalog_model):
