@@ -23,7 +23,9 @@ from django.db import connection
 
 from batches.models import Batch, BatchItem
 from boardwalk.worker_runtime import WorkerRuntime
-from inference.runtime import engine_lock
+from inference.engine.chat import render_prompt
+from inference.models import ModelRevision
+from inference.runtime import engine_lock, tokenizer_for
 from tests.batches.conftest import rows, submit
 from tests.conftest import ROOT, Api, content_of, parse_jsonl, postgres_only, redis_only
 
@@ -59,6 +61,16 @@ def check_results(api: Api, payload: dict[str, Any], inputs: list[dict[str, Any]
     assert counts["total"] == len(inputs)
     assert counts["completed"] == len(output)
     assert counts["failed"] == len(errors)
+    revision = ModelRevision.objects.get(id=payload["model_config_id"])
+    tokenizer = tokenizer_for(revision)
+    by_id = {row["custom_id"]: row for row in inputs}
+    for row in output:
+        usage = row["response"]["body"]["usage"]
+        messages = by_id[row["custom_id"]]["body"]["messages"]
+        assert usage["prompt_tokens"] == len(render_prompt(tokenizer, messages))
+        completion = row["response"]["body"]["choices"][0]
+        assert usage["completion_tokens"] >= 1
+        assert completion["finish_reason"] in ("stop", "length")
     return output
 
 
