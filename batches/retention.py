@@ -14,6 +14,7 @@ from batches.models import Batch
 from boardwalk import clock
 from files.models import File
 from files.services import file_shred
+from files.storage import content_store
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,16 @@ def files_due_for_shredding() -> list[File]:
     return list(live.filter(expired_results | unused_input | consumed_input))
 
 
+STAGING_GRACE_SECONDS = 6 * 3600  # far longer than any upload takes
+
+
 def retention_sweep() -> int:
     files = files_due_for_shredding()
     for file in files:
         file_shred(file=file)
+    # Blobs a crashed upload left staged: encrypted, keyless and never named, but they take
+    # space until removed.
+    content_store().discard_abandoned(STAGING_GRACE_SECONDS)
     if files:
         logger.info("retention shredded %s file(s)", len(files))
     return len(files)

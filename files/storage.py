@@ -10,6 +10,7 @@ import contextlib
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import IO, Any, Protocol
 
@@ -61,6 +62,9 @@ class ContentStore(Protocol):
     def size(self, name: str) -> int:
         """Stored size in bytes; FileNotFoundError if missing."""
 
+    def discard_abandoned(self, older_than: float) -> int:
+        """Remove staged blobs a crashed writer left behind (older than `older_than` seconds)."""
+
 
 class FileSystemContentStore:
     def __init__(self, storage: FileSystemStorage) -> None:
@@ -96,6 +100,19 @@ class FileSystemContentStore:
 
     def size(self, name: str) -> int:
         return self.storage.size(name)
+
+    def discard_abandoned(self, older_than: float) -> int:
+        staging = os.path.join(self.storage.location, _STAGING_DIR)
+        if not os.path.isdir(staging):
+            return 0
+        cutoff = time.time() - older_than
+        removed = 0
+        for entry in os.scandir(staging):
+            if entry.name.startswith("blob-") and entry.stat().st_mtime < cutoff:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed += 1
+        return removed
 
     def _make_directory(self, directory: str) -> None:
         if not os.path.isdir(directory):
@@ -310,6 +327,9 @@ class S3ContentStore:
 
     def size(self, name: str) -> int:
         return self.storage.size(name)
+
+    def discard_abandoned(self, older_than: float) -> int:
+        return 0  # S3 writers stage in local temporary files, which die with their process
 
 
 def content_store() -> ContentStore:

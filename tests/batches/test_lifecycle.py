@@ -401,3 +401,21 @@ def test_finalizing_never_sticks_when_the_finalize_message_is_lost(api: Api, cat
     assert data["id"] in report.to_finalize
     assert Batch.objects.get(id=data["id"]).status == "finalizing"
     assert finalize(data["id"]).status == "completed"
+
+
+def test_retention_removes_blobs_a_crashed_upload_left_staged(db, tmp_path):
+    import os
+    import time
+
+    from batches.retention import STAGING_GRACE_SECONDS, retention_sweep
+
+    staging = tmp_path / "content" / ".incoming"
+    staging.mkdir(parents=True)
+    stale, fresh = staging / "blob-stale", staging / "blob-fresh"
+    stale.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    old = time.time() - STAGING_GRACE_SECONDS - 60
+    os.utime(stale, (old, old))
+    retention_sweep()
+    assert not stale.exists()
+    assert fresh.exists()
