@@ -419,3 +419,23 @@ def test_retention_removes_blobs_a_crashed_upload_left_staged(db, tmp_path):
     retention_sweep()
     assert not stale.exists()
     assert fresh.exists()
+
+
+def test_content_never_reaches_logs_rows_or_receipts(api: Api, catalog_model, caplog):
+    import logging
+
+    marker = "CONFIDENTIAL-PROMPT-5d1e"
+    caplog.set_level(logging.DEBUG)
+    bad = api.upload(jsonl(request_line("bad", content=marker, max_tokens=0)))
+    assert bad.status_code == 400
+    data = submit(api, [request_line("a", content=marker), request_line("b", content=marker)])
+    run_worker(data["id"])
+    batch = finalize(data["id"])
+    receipts = api.get(f"/v1/requests?batch_id={batch.id}").content.decode()
+    assert marker not in caplog.text
+    assert marker not in receipts
+    assert marker not in bad.content.decode()
+    for item in BatchItem.objects.filter(batch=batch):
+        assert marker.encode() not in bytes(item.result or b"")
+    for entry in LedgerEntry.objects.all():
+        assert marker not in entry.memo
