@@ -202,8 +202,8 @@ def _publish(batch: Batch) -> Batch:
             **{f"{terminal}_at": now},
         )
         if moved:
-            for item_id, charge in charges.items():
-                BatchItem.objects.filter(id=item_id).update(charge_microusd=charge)
+            charged = [BatchItem(id=item_id, charge_microusd=c) for item_id, c in charges.items()]
+            BatchItem.objects.bulk_update(charged, ["charge_microusd"], batch_size=500)
             BatchItem.objects.filter(id__in=published).update(published=True)
             credit_settle(
                 org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())

@@ -202,28 +202,21 @@ def _record(
     if result.aborted:
         item_release(item=item, worker_id=owner, gpu_seconds=result.busy_seconds)
         return
-    if result.error:
-        written = item_finish(
-            item=item,
-            worker_id=owner,
-            succeeded=False,
-            result=None,
-            error_code=result.error,
-            prompt_tokens=result.prompt_tokens,
-            gpu_seconds=result.busy_seconds,
-        )
-    else:
+    succeeded = not result.error
+    sealed = None
+    if succeeded:
         sealed = seal(keys.get(item.batch), _result_row(item, result), _item_aad(item))
-        written = item_finish(
-            item=item,
-            worker_id=owner,
-            succeeded=True,
-            result=sealed,
-            prompt_tokens=result.prompt_tokens,
-            cached_tokens=result.cached_tokens,
-            completion_tokens=result.completion_tokens,
-            gpu_seconds=result.busy_seconds,
-        )
+    written = item_finish(
+        item=item,
+        worker_id=owner,
+        succeeded=succeeded,
+        result=sealed,
+        error_code=result.error or "",
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens if succeeded else 0,
+        completion_tokens=result.completion_tokens if succeeded else 0,
+        gpu_seconds=result.busy_seconds,
+    )
     if not written:
         logger.info("item %s lost its lease before its result was written; discarded", item.pk)
         return
