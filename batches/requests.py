@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from batches.batchrouter import Assignment, assignment_parse
+from boardwalk import clock
 from boardwalk.errors import InvalidRequest
 
 FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
@@ -15,7 +17,12 @@ WINDOW = "24h"
 @dataclass(frozen=True)
 class BatchSubmission:
     input_file_id: str
-    metadata: dict[str, str] | None
+    assignment: Assignment = field(default_factory=Assignment)
+
+    @property
+    def metadata(self) -> dict[str, str] | None:
+        """The accepted metadata as sent; null when there was none."""
+        return self.assignment.metadata or None
 
 
 def parse_submission(data: Any) -> BatchSubmission:
@@ -47,18 +54,5 @@ def parse_submission(data: Any) -> BatchSubmission:
             code="invalid_completion_window",
             param="completion_window",
         )
-    metadata = data.get("metadata")
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise InvalidRequest(
-                "metadata must be an object or null.", code="invalid_metadata", param="metadata"
-            )
-        for key in metadata:
-            raise InvalidRequest(
-                f"Unsupported metadata key {key!r}: only BatchRouter assignment fields are "
-                "accepted, and this server does not take them yet.",
-                code="unsupported_metadata",
-                param=f"metadata.{key}",
-            )
-        metadata = None
-    return BatchSubmission(input_file_id=file_id, metadata=metadata)
+    assignment = assignment_parse(data.get("metadata"), now=clock.now())
+    return BatchSubmission(input_file_id=file_id, assignment=assignment)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from batches import idempotency
+from batches.batchrouter import assignment_check_target
 from batches.models import Batch, BatchItem
 from batches.requests import BatchSubmission
 from batches.tasks import batch_finalize_later, engine_wake_later
@@ -39,7 +39,6 @@ from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
 
 logger = logging.getLogger(__name__)
 
-WINDOW = dt.timedelta(hours=24)
 MAX_UNFINISHED_PER_ORG = 4
 MAX_PRIVATE_ITEMS = 95
 
@@ -142,6 +141,19 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         hold = -(-micro_gpu_seconds * target.deployment.gpu_second_price // 1_000_000)
     else:
         raise ValueError(f"model {target.name!r} resolved to neither catalog nor deployment")
+    assignment_check_target(
+        submission.assignment,
+        prices=(
+            (
+                target.catalog.price_input,
+                target.catalog.price_cached_input,
+                target.catalog.price_output,
+            )
+            if target.catalog is not None
+            else None
+        ),
+        file_format=None,
+    )
     return BatchPlan(file=file, target=target, items=items, hold_microusd=hold)
 
 
@@ -180,7 +192,7 @@ def _check_credit(*, org: Organization, plan: BatchPlan) -> None:
         )
 
 
-def _create_rows(*, org: Organization, plan: BatchPlan, metadata: dict | None) -> Batch:
+def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmission) -> Batch:
     now = clock.now()
     target = plan.target
     key_id, wrapped = Keyring.current().wrap(new_data_key())
@@ -205,13 +217,13 @@ def _create_rows(*, org: Organization, plan: BatchPlan, metadata: dict | None) -
         input_file=plan.file,
         model_name=target.name,
         revision=target.revision,
-        metadata=metadata,
+        metadata=submission.metadata,
         total=len(plan.items),
         hold_microusd=plan.hold_microusd,
         key_id=key_id,
         wrapped_key=wrapped,
         created_at=now,
-        expires_at=now + WINDOW,
+        expires_at=submission.assignment.expires_at(now),
         **fields,
     )
     deployment_id = target.deployment.id if target.deployment else ""
@@ -257,7 +269,7 @@ def batch_create(
             _check_credit(org=org, plan=plan)
             try:
                 with transaction.atomic():
-                    batch = _create_rows(org=org, plan=plan, metadata=submission.metadata)
+                    batch = _create_rows(org=org, plan=plan, submission=submission)
             except IntegrityError as exc:
                 raise InvalidRequest(
                     f"Input file {plan.file.id} is already the input of another batch.",
