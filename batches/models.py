@@ -125,6 +125,10 @@ class BatchItem(models.Model):
     custom_id = models.CharField(max_length=200)
     line_offset = models.BigIntegerField()
     line_length = models.BigIntegerField()
+    # Sectioned input (SPEC §4.2): the section line whose body and prefix the request extends.
+    # Stored once in the file, referenced by every item of the section.
+    section_offset = models.BigIntegerField(null=True, blank=True)
+    section_length = models.BigIntegerField(default=0)
     max_tokens = models.PositiveIntegerField()
     n = models.PositiveSmallIntegerField(default=1)
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -167,6 +171,11 @@ class BatchItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch_id}#{self.index}"
+
+    @property
+    def span(self) -> tuple[int, int, int | None, int]:
+        """Where the item's line (and its section line, if any) lie in the input file."""
+        return self.line_offset, self.line_length, self.section_offset, self.section_length
 
 
 class IdempotencyRecord(models.Model):

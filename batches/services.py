@@ -6,7 +6,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
@@ -31,7 +30,7 @@ from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
 from files.models import File
 from files.selectors import file_get_for_org
-from files.services import file_iter_lines
+from files.services import ItemSpan, file_iter_bodies, line_index_span
 from inference.chat_completions import max_output_tokens, prompt_ids
 from inference.engine.loading import ModelLoadError
 from inference.runtime import tokenizer_for
@@ -47,8 +46,7 @@ MAX_PRIVATE_ITEMS = 95
 class ItemPlan:
     index: int
     custom_id: str
-    offset: int
-    length: int
+    span: ItemSpan
     max_tokens: int
     n: int
     prompt_tokens: int
@@ -111,18 +109,16 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         ) from exc
     index = file.line_index or []
     items = []
-    lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))
-    for i, (row, line) in enumerate(zip(index, lines, strict=True)):
-        body = orjson.loads(line)["body"]
-        offset, length, custom_id, _, n = row
+    spans = [line_index_span(row) for row in index]
+    bodies = file_iter_bodies(file=file, spans=spans)
+    for i, (row, span, body) in enumerate(zip(index, spans, bodies, strict=True)):
         items.append(
             ItemPlan(
                 i,
-                custom_id,
-                offset,
-                length,
+                row[2],
+                span,
                 max_output_tokens(body),
-                n,
+                row[4],
                 len(prompt_ids(tokenizer, body)),
             )
         )
@@ -152,7 +148,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             if target.catalog is not None
             else None
         ),
-        file_format=None,
+        file_format=file.format or None,
     )
     return BatchPlan(file=file, target=target, items=items, hold_microusd=hold)
 
@@ -233,8 +229,10 @@ def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmiss
                 batch=batch,
                 index=i.index,
                 custom_id=i.custom_id,
-                line_offset=i.offset,
-                line_length=i.length,
+                line_offset=i.span[0],
+                line_length=i.span[1],
+                section_offset=i.span[2],
+                section_length=i.span[3],
                 max_tokens=i.max_tokens,
                 n=i.n,
                 prompt_tokens=i.prompt_tokens,

@@ -43,6 +43,9 @@ class File(models.Model):
     # Input files only: the common body.model and, per line, offset/length/custom_id/
     # max_tokens/n. Ids and counts only, never content.
     model = models.CharField(max_length=200, blank=True)
+    # "" for the standard format; "sectioned.v1" for BatchRouter sectioned JSONL, whose
+    # line_index rows also carry the offset and length of each request's section line.
+    format = models.CharField(max_length=20, blank=True, default="")
     line_count = models.PositiveIntegerField(default=0)
     line_index = models.JSONField(null=True, editable=False)
     created_at = models.DateTimeField(default=clock.now, editable=False)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Iterable, Iterator
+from typing import Any
+
+import orjson
 
 from boardwalk import clock
 from boardwalk.errors import CapacityExceeded, Conflict, InvalidRequest, PayloadTooLarge
@@ -15,6 +18,7 @@ from files.models import File
 from files.selectors import retained_input_bytes
 from files.storage import EncryptedSpool, content_store, open_plaintext_range
 from files.upload import ReceivedUpload
+from files.validation.sectioned import effective_body
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +90,11 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
         wrapped_key=wrapped,
         model=report.model or "",
         line_count=len(report.lines),
+        format=report.format or "",
         line_index=[
-            [li.offset, li.length, li.custom_id, li.max_tokens, li.n] for li in report.lines
+            [li.offset, li.length, li.custom_id, li.max_tokens, li.n]
+            + ([li.section_offset, li.section_length] if li.section_offset is not None else [])
+            for li in report.lines
         ],
         created_at=now,
         expires_at=now + UNUSED_INPUT_TTL,
@@ -212,3 +219,34 @@ def file_iter_lines(*, file: File, spans: Iterable[tuple[int, int]]) -> Iterator
         yield bytes(buffer[start : start + length])
         del buffer[: start + length]
         base = offset + length
+
+
+ItemSpan = tuple[int, int, int | None, int]  # offset, length, section offset (or None), length
+
+
+def file_iter_bodies(*, file: File, spans: Iterable[ItemSpan]) -> Iterator[dict[str, Any]]:
+    """The effective request body of each item, in one sequential decrypting pass.
+
+    Spans must be in file order. For a sectioned file each span names its section line too;
+    sections are parsed once each and merged into their requests (SPEC §4.2), and a section
+    always lies above its requests, so one forward pass reads both.
+    """
+    spans = list(spans)
+    section_of = {offset: s_off for offset, _, s_off, _ in spans}
+    sections = {(s_off, s_len) for _, _, s_off, s_len in spans if s_off is not None}
+    lines = sorted({(offset, length) for offset, length, _, _ in spans} | sections)
+    parsed: dict[int, dict[str, Any]] = {}
+    for (offset, length), data in zip(lines, file_iter_lines(file=file, spans=lines), strict=True):
+        body = orjson.loads(data)["body"]
+        if (offset, length) in sections:
+            parsed[offset] = body
+            continue
+        section_offset = section_of[offset]
+        yield body if section_offset is None else effective_body(parsed[section_offset], body)
+
+
+def line_index_span(row: list[Any]) -> ItemSpan:
+    """The ItemSpan of one File.line_index row (standard rows have no section)."""
+    if len(row) > 5:
+        return row[0], row[1], row[5], row[6]
+    return row[0], row[1], None, 0

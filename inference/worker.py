@@ -34,7 +34,7 @@ from boardwalk import clock
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.sealing import seal
-from files.services import file_iter_lines
+from files.services import file_iter_bodies
 from inference.chat_completions import completion_body, prompt_ids, sampling_params
 from inference.engine.loading import ModelLoadError
 from inference.engine.types import GenerationRequest, GenerationResult
@@ -191,9 +191,8 @@ def _serve(key: EngineKey, budget_seconds: float) -> set[str]:
 
 
 def _input_body(item: BatchItem) -> dict[str, Any]:
-    file = item.batch.input_file
-    (line,) = file_iter_lines(file=file, spans=[(item.line_offset, item.line_length)])
-    return orjson.loads(line)["body"]
+    (body,) = file_iter_bodies(file=item.batch.input_file, spans=[item.span])
+    return body
 
 
 def _record(

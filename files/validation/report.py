@@ -50,6 +50,9 @@ class LineInfo:
     custom_id: str
     max_tokens: int  # effective max output tokens
     n: int  # choices per request
+    # Sectioned files: where the request's section line lies (its shared body and prefix).
+    section_offset: int | None = None
+    section_length: int = 0
 
 
 @dataclass
@@ -59,6 +62,7 @@ class ValidationReport:
     lines: list[LineInfo]  # one per valid line, in order
     model: str | None  # the common body.model
     total_bytes: int
+    format: str | None = None  # None: standard; "sectioned.v1": BatchRouter sectioned JSONL
 
     @property
     def ok(self) -> bool:

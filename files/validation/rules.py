@@ -71,7 +71,7 @@ def _is_number(value: object) -> bool:
     return type(value) is int or type(value) is float
 
 
-def _same(value: object, allowed: object) -> bool:
+def same(value: object, allowed: object) -> bool:
     # `0 == False` in Python; a neutral value must match in type as well.
     return type(value) is type(allowed) and value == allowed
 
@@ -112,23 +112,11 @@ def check_envelope(obj: dict[str, Any], problems: Problems) -> tuple[str | None,
                 "url and body",
             )
 
-    custom_id = None
-    if "custom_id" in obj:
-        value = obj["custom_id"]
-        if not isinstance(value, str) or not value:
-            problems.add("custom_id", "invalid_custom_id", "custom_id must be a non-empty string")
-        elif (size := len(value.encode())) > MAX_CUSTOM_ID_BYTES:
-            problems.add(
-                "custom_id",
-                "invalid_custom_id",
-                f"custom_id is {size} bytes in UTF-8; shorten it to at most {MAX_CUSTOM_ID_BYTES}",
-            )
-        else:
-            custom_id = value
+    custom_id = check_custom_id(obj, problems) if "custom_id" in obj else None
 
-    if "method" in obj and not _same(obj["method"], METHOD):
+    if "method" in obj and not same(obj["method"], METHOD):
         problems.add("method", "invalid_method", f'method must be "{METHOD}"')
-    if "url" in obj and not _same(obj["url"], URL):
+    if "url" in obj and not same(obj["url"], URL):
         problems.add("url", "invalid_url", f'url must be "{URL}"')
 
     body = obj.get("body")
@@ -136,6 +124,22 @@ def check_envelope(obj: dict[str, Any], problems: Problems) -> tuple[str | None,
         problems.add("body", "invalid_body", "body must be a JSON object")
         body = None
     return custom_id, body
+
+
+def check_custom_id(obj: dict[str, Any], problems: Problems) -> str | None:
+    """The shape of `obj["custom_id"]`; uniqueness is the caller's."""
+    value = obj["custom_id"]
+    if not isinstance(value, str) or not value:
+        problems.add("custom_id", "invalid_custom_id", "custom_id must be a non-empty string")
+        return None
+    if (size := len(value.encode())) > MAX_CUSTOM_ID_BYTES:
+        problems.add(
+            "custom_id",
+            "invalid_custom_id",
+            f"custom_id is {size} bytes in UTF-8; shorten it to at most {MAX_CUSTOM_ID_BYTES}",
+        )
+        return None
+    return value
 
 
 def check_model(body: dict[str, Any], problems: Problems) -> str | None:
@@ -186,7 +190,7 @@ def _check_parameter(key: str, value: Any, field: str) -> tuple[str, str] | None
         return "unsupported_parameter", f"{field} is not supported by this engine; remove it"
     if key in NEUTRAL_ONLY:
         allowed = NEUTRAL_ONLY[key]
-        if any(_same(value, neutral) for neutral in allowed):
+        if any(same(value, neutral) for neutral in allowed):
             return None
         shown = " or ".join("null" if a is None else str(a).lower() for a in allowed)
         return (

@@ -1,12 +1,15 @@
-"""The streaming validator for standard batch input files (SPEC §4.1)."""
+"""The streaming validator for batch input files: standard (SPEC §4.1) and BatchRouter
+sectioned (SPEC §4.2, detected from a header on the first line)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
-from . import rules
+from . import rules, sectioned
 from .lines import Line, LineSplitter
 from .report import (
     LineError,
@@ -20,6 +23,14 @@ from .report import (
 _UTF8_BOM = b"\xef\xbb\xbf"
 # A model name is shown back in messages only when it looks like one.
 _PLAIN_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@\-]{0,127}")
+
+
+@dataclass(frozen=True)
+class _Section:
+    line: int
+    offset: int
+    length: int
+    body: dict[str, Any] | None  # None: the section line has errors
 
 
 class InputValidator:
@@ -52,6 +63,12 @@ class InputValidator:
         self._model_line = 0
         self._target: ModelTarget | None = None
         self._finished = False
+        # Sectioned format only: sections by id, the nearest one above, their bytes held.
+        self._format: str | None = None
+        self._sections: dict[str, _Section] = {}
+        self._current_section: _Section | None = None
+        self._section_bytes = 0
+        self._requests = 0
 
     @property
     def buffered_bytes(self) -> int:
@@ -76,6 +93,10 @@ class InputValidator:
         count = self._splitter.line_count
         if count == 0:
             self._error(0, "", "empty_file", "The file is empty; add at least one request line")
+        elif self._format is not None and self._requests == 0 and count <= self._max_lines:
+            self._error(
+                0, "", "empty_file", "The file has no request lines; add at least one request"
+            )
         elif count > self._max_lines:
             self._error(
                 self._max_lines + 1,
@@ -90,6 +111,7 @@ class InputValidator:
             lines=self._lines,
             model=self._model,
             total_bytes=self._splitter.total_bytes,
+            format=self._format,
         )
 
     def _error(self, line: int, field: str, code: str, message: str) -> None:
@@ -122,8 +144,29 @@ class InputValidator:
             )
             return
 
+        if number == 1 and sectioned.is_header(obj):
+            self._format = sectioned.FILE_FORMAT
+            problems = rules.Problems()
+            sectioned.check_header(obj, problems)
+            self._report(number, problems)
+            return
+        if self._format is not None:
+            self._check_sectioned(line, obj)
+            return
         problems = rules.Problems()
         custom_id, body = rules.check_envelope(obj, problems)
+        self._check_request(line, problems, custom_id, body)
+
+    def _check_request(
+        self,
+        line: Line,
+        problems: rules.Problems,
+        custom_id: str | None,
+        body: dict[str, Any] | None,
+        section: _Section | None = None,
+    ) -> None:
+        """The rules every (effective) request obeys; records the line when it has none."""
+        number = line.number
         if custom_id is not None:
             earlier = self._custom_ids.setdefault(custom_id, number)
             if earlier != number:
@@ -139,8 +182,7 @@ class InputValidator:
             target = self._target_for(model, number, problems) if model is not None else None
             counts = rules.check_body(body, target, problems)
 
-        for field, code, message in problems:
-            self._error(number, field, code, f"Line {number}: {message}")
+        self._report(number, problems)
         if not problems and custom_id is not None and counts is not None:
             max_tokens, n = counts
             self._lines.append(
@@ -150,8 +192,93 @@ class InputValidator:
                     custom_id=custom_id,
                     max_tokens=max_tokens,
                     n=n,
+                    section_offset=section.offset if section is not None else None,
+                    section_length=section.length if section is not None else 0,
                 )
             )
+
+    def _report(self, number: int, problems: rules.Problems) -> None:
+        for field, code, message in problems:
+            self._error(number, field, code, f"Line {number}: {message}")
+
+    def _check_sectioned(self, line: Line, obj: dict[str, Any]) -> None:
+        problems = rules.Problems()
+        kind = obj.get("type")
+        if kind == "section":
+            self._check_section_line(line, obj, problems)
+        elif kind == "request":
+            self._requests += 1
+            custom_id, section_id, body = sectioned.check_request(obj, problems)
+            section = self._section_of(section_id, problems)
+            if section is None or section.body is None or body is None:
+                body = None
+            else:
+                body = sectioned.effective_body(section.body, body)
+            self._check_request(line, problems, custom_id, body, section)
+            return
+        elif kind == "header":
+            problems.add("type", "misplaced_header", "the header belongs on the first line only")
+        else:
+            problems.add(
+                "type",
+                "invalid_line_type",
+                'type must be "section" or "request" (the header is the first line)',
+            )
+        self._report(line.number, problems)
+
+    def _check_section_line(
+        self, line: Line, obj: dict[str, Any], problems: rules.Problems
+    ) -> None:
+        section_id, body = sectioned.check_section(obj, problems)
+        if section_id is not None and section_id in self._sections:
+            problems.add(
+                "section_id",
+                "duplicate_section_id",
+                f"section_id is already used on line {self._sections[section_id].line}; "
+                "make each section_id unique in the file",
+            )
+        self._section_bytes += line.length
+        if self._section_bytes > sectioned.MAX_SECTION_BYTES:
+            problems.add(
+                "",
+                "sections_too_large",
+                f"the sections of this file hold more than {sectioned.MAX_SECTION_BYTES} bytes "
+                "in all; split the file",
+            )
+        section = _Section(line.number, line.offset, line.length, None if problems else body)
+        if section_id is not None and section_id not in self._sections:
+            self._sections[section_id] = section
+        # Requests below without a section_id belong to this section, broken or not.
+        self._current_section = section
+
+    def _section_of(self, section_id: str | None, problems: rules.Problems) -> _Section | None:
+        if section_id is not None:
+            section = self._sections.get(section_id)
+            if section is None:
+                problems.add(
+                    "section_id",
+                    "unknown_section",
+                    "section_id names no section defined above this line; define each section "
+                    "before the requests that use it",
+                )
+                return None
+        else:
+            section = self._current_section
+            if section is None:
+                problems.add(
+                    "section_id",
+                    "missing_section",
+                    "this request has no section: add a section line above it or give its "
+                    "section_id",
+                )
+                return None
+        if section.body is None:
+            problems.add(
+                "section_id",
+                "invalid_section",
+                f"the request's section (line {section.line}) has errors; fix that line first",
+            )
+        return section
 
     def _target_for(self, model: str, number: int, problems: rules.Problems) -> ModelTarget | None:
         """The target of the file's model; every line must name the first line's model."""
