@@ -160,28 +160,37 @@ def test_full_assignment_is_accepted_and_returned_as_sent(api: Api, uploaded: di
 
 
 @pytest.mark.parametrize(
-    ("metadata", "seconds"),
+    ("metadata", "winner"),
     [
-        ({"batchrouter_assignment_window": "90s"}, 90),
-        ({"batchrouter_assignment_window": "45m"}, 45 * 60),
-        ({"batchrouter_assignment_window": "6h"}, 6 * 3600),
-        ({"batchrouter_assignment_window": "25h"}, 24 * 3600),
-        ({"batchrouter_deadline": "+2h"}, 2 * 3600),
-        ({"batchrouter_deadline": "+3h", "batchrouter_assignment_window": "4h"}, 3 * 3600),
-        ({"batchrouter_deadline": "+3h", "batchrouter_assignment_window": "2h"}, 2 * 3600),
+        ({"batchrouter_assignment_window": "90s"}, "window"),
+        ({"batchrouter_assignment_window": "45m"}, "window"),
+        ({"batchrouter_assignment_window": "6h"}, "window"),
+        ({"batchrouter_assignment_window": "25h"}, "24h"),
+        ({"batchrouter_deadline": 2}, "deadline"),
+        ({"batchrouter_deadline": 30}, "24h"),
+        ({"batchrouter_deadline": 3, "batchrouter_assignment_window": "4h"}, "deadline"),
+        ({"batchrouter_deadline": 3, "batchrouter_assignment_window": "2h"}, "window"),
     ],
 )
 def test_effective_deadline_is_the_earliest_and_becomes_expires_at(
-    api: Api, uploaded: dict, metadata: dict[str, str], seconds: int
+    api: Api, uploaded: dict, metadata: dict[str, Any], winner: str
 ):
-    now = clock.now().replace(microsecond=0)
+    deadline = None
     if "batchrouter_deadline" in metadata:
-        hours = int(metadata["batchrouter_deadline"][1:-1])
-        metadata = {**metadata, "batchrouter_deadline": _iso(now + dt.timedelta(hours=hours))}
+        hours = metadata["batchrouter_deadline"]
+        deadline = clock.now().replace(microsecond=0) + dt.timedelta(hours=hours)
+        metadata = {**metadata, "batchrouter_deadline": _iso(deadline)}
     response = create(api, uploaded["id"], metadata=metadata)
     assert response.status_code == 200, response.content
     data = response.json()
-    assert abs(data["expires_at"] - (data["created_at"] + seconds)) <= 1
+    if winner == "deadline":
+        assert deadline is not None
+        assert data["expires_at"] == int(deadline.timestamp())
+    else:
+        window = metadata.get("batchrouter_assignment_window", "24h")
+        seconds = {"90s": 90, "45m": 2700, "6h": 6 * 3600, "2h": 7200}.get(window, 24 * 3600)
+        # created_at is truncated to the second, expires_at is not rounded up: within 1 s.
+        assert 0 <= data["expires_at"] - (data["created_at"] + seconds) <= 1
     batch = Batch.objects.get(id=data["id"])
     # Every item is scheduled (earliest deadline first) and expired by the same deadline.
     assert set(BatchItem.objects.filter(batch=batch).values_list("deadline", flat=True)) == {
