@@ -223,9 +223,7 @@ def file_delete_leftover_blobs() -> int:
         try:
             cleaned += _delete_blobs(file)
         except Exception as exc:
-            logger.warning(
-                "file %s: blob deletion failed again (%s)", file.id, type(exc).__name__
-            )
+            logger.warning("file %s: blob deletion failed again (%s)", file.id, type(exc).__name__)
     return cleaned
 
 
