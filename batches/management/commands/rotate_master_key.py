@@ -56,11 +56,11 @@ class Command(BaseCommand):
             )
             for label in ("files", "batches"):
                 counts = result[label]
-                in_use = ", ".join(f"{k}={n}" for k, n in counts["key_ids_in_use"].items())
+                keys = ", ".join(f"{k}={n}" for k, n in counts["key_ids_in_use"].items())
                 self.stdout.write(
                     f"{label}: rewrapped={counts['rewrapped']} current={counts['current']} "
                     f"unknown_key={counts['unknown_key']} damaged={counts['damaged']} "
-                    f"key_ids_in_use: {in_use or 'none'}"
+                    f"key_ids_in_use: {keys or 'none'}"
                 )
         stuck = sum(
             result[label][k] for label in ("files", "batches") for k in ("unknown_key", "damaged")
