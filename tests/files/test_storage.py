@@ -343,3 +343,16 @@ def test_s3_store_refuses_options_that_break_it(
         }
         with pytest.raises(ImproperlyConfigured):
             content_store()
+
+
+def test_copy_is_byte_identical_also_past_a_multipart_part(backend: Backend) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 5)  # S3 copies it part by part
+    backend.store.save("files/blob", io.BytesIO(data))
+    backend.store.copy("files/blob", "recovery/blob")
+    assert backend.raw("recovery/blob") == data
+    assert backend.keys() == ["files/blob", "recovery/blob"]
+    backend.store.copy("files/blob", "recovery/blob")  # again: replaced, not duplicated
+    assert backend.keys() == ["files/blob", "recovery/blob"]
+    with pytest.raises(FileNotFoundError):
+        backend.store.copy("files/missing", "recovery/missing")
+    assert backend.keys() == ["files/blob", "recovery/blob"]
