@@ -241,7 +241,8 @@ def file_read_range(*, file: File, start: int, end: int) -> Iterator[bytes]:
 
     Every chunk is authenticated before its bytes are yielded. When the primary blob is
     missing, unreadable or fails authentication, the rest of the range comes from the
-    recovery copy (result files); when no copy can serve it, ContentUnavailable (503).
+    recovery copy (result files); when no copy can serve it, ServiceUnavailable with code
+    `content_unavailable` (503).
     """
     data_key = Keyring.current().unwrap(file.key_id, file.wrapped_key)
     return _read_with_fallback(file, data_key, start, end)
