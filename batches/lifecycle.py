@@ -18,6 +18,7 @@ from django.db.models import Q
 
 from batches.items import batch_has_open_items, batch_live_leases, batch_revoke_leases
 from batches.models import Batch, BatchItem
+from batches.retention import item_results_drop
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
 from boardwalk import clock
@@ -156,6 +157,12 @@ def _publish(batch: Batch) -> Batch:
     out_size = err_size = 0
     for item in items:
         if item.state == BatchItem.State.SUCCEEDED:
+            if item.result is None:
+                # Another finalizer published the batch and dropped the per-item results
+                # after this one read the batch row: nothing is left to do.
+                batch.refresh_from_db()
+                if batch.is_terminal:
+                    return batch
             sealed = bytes(item.result or b"")
             row = unseal(data_key, sealed, f"{batch.id}:{item.index}".encode()) + b"\n"
             if out_size + len(row) <= MAX_RESULT_FILE_BYTES:
@@ -208,9 +215,11 @@ def _publish(batch: Batch) -> Batch:
             credit_settle(
                 org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
             )
-    # Accepted input is removed once the batch is terminal (SPEC §9). If this process dies
-    # right here, the retention sweep shreds it instead.
+    # Accepted input is removed once the batch is terminal (SPEC §9), and so are the sealed
+    # per-item results, now copies of the published files. If this process dies right here,
+    # the retention sweep does both instead.
     _shred_input(batch.input_file_id)
+    item_results_drop(batch_id=batch.id)
     batch.refresh_from_db()
     if moved:
         logger.info(

@@ -3,12 +3,13 @@
 One pass returns expired leases, expires overdue batches, re-drives finalization that a lost
 message or a crash left behind, shreds files past retention, and reports which engine keys
 still have claimable items so the caller can wake them. Every step is idempotent; any
-number of processes may sweep.
+number of processes may sweep, and `only` runs a subset (`manage.py sweep --only ...`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from batches.items import EngineKey, keys_with_claimable_items, leases_recover
@@ -18,10 +19,14 @@ from batches.lifecycle import (
     batches_needing_finalization,
 )
 from batches.models import Batch, BatchItem
-from batches.retention import retention_sweep
+from batches.retention import RetentionReport, retention_sweep
 from boardwalk import clock
 
 logger = logging.getLogger(__name__)
+
+# The parts of a sweep, in the order a full one runs them.
+LEASES, EXPIRY, FINALIZE, RETENTION = "leases", "expiry", "finalize", "retention"
+SWEEP_KINDS = (LEASES, EXPIRY, FINALIZE, RETENTION)
 
 
 @dataclass
@@ -31,26 +36,38 @@ class SweepReport:
     expired: list[str] = field(default_factory=list)
     to_finalize: list[str] = field(default_factory=list)
     to_wake: set[EngineKey] = field(default_factory=set)
-    shredded: int = 0
+    retention: RetentionReport = field(default_factory=RetentionReport)
+
+    @property
+    def shredded(self) -> int:
+        return self.retention.files_shredded
 
 
-def sweep_work() -> SweepReport:
+def sweep_work(*, only: Collection[str] = SWEEP_KINDS) -> SweepReport:
+    unknown = set(only) - set(SWEEP_KINDS)
+    if unknown:
+        raise ValueError(f"unknown sweep kind(s): {', '.join(sorted(unknown))}")
     report = SweepReport()
-    report.requeued, report.failed = leases_recover()
-    for batch in Batch.objects.filter(
-        status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
-    ):
-        if batch_expire(batch=batch):
-            report.expired.append(batch.id)
-    # Batches whose last item finished while their finalize message was lost.
-    idle = (
-        Batch.objects.filter(status=Batch.Status.IN_PROGRESS, outcome="")
-        .exclude(items__state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
-        .values_list("id", flat=True)
-    )
-    for batch_id in list(idle):
-        batch_mark_complete_if_done(batch_id=batch_id)
-    report.to_finalize = batches_needing_finalization()
-    report.to_wake = keys_with_claimable_items()
-    report.shredded = retention_sweep()
+    if LEASES in only:
+        report.requeued, report.failed = leases_recover()
+    if EXPIRY in only:
+        for batch in Batch.objects.filter(
+            status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
+        ):
+            if batch_expire(batch=batch):
+                report.expired.append(batch.id)
+    if FINALIZE in only:
+        # Batches whose last item finished while their finalize message was lost.
+        idle = (
+            Batch.objects.filter(status=Batch.Status.IN_PROGRESS, outcome="")
+            .exclude(items__state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+            .values_list("id", flat=True)
+        )
+        for batch_id in list(idle):
+            batch_mark_complete_if_done(batch_id=batch_id)
+        report.to_finalize = batches_needing_finalization()
+    if LEASES in only or EXPIRY in only:
+        report.to_wake = keys_with_claimable_items()
+    if RETENTION in only:
+        report.retention = retention_sweep()
     return report

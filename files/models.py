@@ -36,6 +36,9 @@ class File(models.Model):
         max_length=64, help_text="SHA-256 over the GCM chunk tags, in order: the strong ETag."
     )
     storage_name = models.CharField(max_length=300)
+    # Result files only: a second, byte-identical blob under another prefix, read when the
+    # primary is missing or fails authentication. Empty for input files.
+    recovery_name = models.CharField(max_length=300, blank=True, default="")
     stored_bytes = models.BigIntegerField(default=0)
     key_id = models.CharField(max_length=64, blank=True)
     # Null once deleted: destroying the data key makes every stored copy unreadable.

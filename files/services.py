@@ -5,14 +5,23 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import orjson
+from botocore.exceptions import BotoCoreError, ClientError
+from django.db.models import QuerySet
 
 from boardwalk import clock
-from boardwalk.errors import CapacityExceeded, Conflict, InvalidRequest, PayloadTooLarge
+from boardwalk.errors import (
+    CapacityExceeded,
+    Conflict,
+    InvalidRequest,
+    PayloadTooLarge,
+    ServiceUnavailable,
+)
 from boardwalk.models import Organization
-from files.crypto import Keyring, new_data_key
+from files.crypto import Keyring, TamperedContent, UnknownMasterKey, new_data_key
 from files.limits import MAX_INPUT_BYTES, MAX_RETAINED_INPUT_BYTES, RESULT_TTL, UNUSED_INPUT_TTL
 from files.models import File
 from files.selectors import retained_input_bytes
@@ -21,6 +30,9 @@ from files.upload import ReceivedUpload
 from files.validation.sectioned import effective_body
 
 logger = logging.getLogger(__name__)
+
+
+RECOVERY_PREFIX = "recovery"
 
 
 def _storage_name(file_id: str) -> str:
@@ -120,11 +132,19 @@ def file_publish_result(
         return existing
     data_key = new_data_key()
     store = content_store()
-    name = f"files/{file_id}.{secrets.token_hex(4)}.enc"
+    suffix = f"{file_id}.{secrets.token_hex(4)}.enc"
+    name, recovery = f"files/{suffix}", f"{RECOVERY_PREFIX}/{suffix}"
     with EncryptedSpool(store, data_key=data_key, aad_prefix=file_id.encode()) as spool:
         for row in rows:
             spool.write(row)
         stored = spool.commit(name)
+    try:
+        # The recovery copy: the same ciphertext under another prefix, so the same key and
+        # ETag serve it when the primary is lost or damaged.
+        store.copy(name, recovery)
+    except BaseException:
+        store.delete(name)
+        raise
     key_id, wrapped = Keyring.current().wrap(data_key)
     now = clock.now()
     file, created = File.objects.get_or_create(
@@ -137,6 +157,7 @@ def file_publish_result(
             "bytes": spool.plaintext_size,
             "sha256": spool.etag_digest,
             "storage_name": name,
+            "recovery_name": recovery,
             "stored_bytes": stored,
             "key_id": key_id,
             "wrapped_key": wrapped,
@@ -146,6 +167,7 @@ def file_publish_result(
     )
     if not created:
         store.delete(name)
+        store.delete(recovery)
     return file
 
 
@@ -166,30 +188,102 @@ def file_delete(*, file: File) -> None:
     file_shred(file=file)
 
 
-def file_shred(*, file: File) -> None:
-    """Crypto-shred a file: used by delete, expiry and retention sweeps alike."""
+def file_shred(*, file: File) -> bool:
+    """Crypto-shred a file: used by delete, expiry and retention sweeps alike.
+
+    The data key goes first, in one compare-and-set (so concurrent shreds agree on who did
+    it; True for the one that did), which makes every stored copy unreadable at once. Then
+    the blobs go, every copy and every version; `stored_bytes` drops to 0 once they are gone,
+    so a blob a failed delete left behind is retried by `file_delete_leftover_blobs`.
+    """
     updated = (
         File.objects.filter(pk=file.pk)
         .exclude(status=File.Status.DELETED)
         .update(status=File.Status.DELETED, wrapped_key=None, deleted_at=clock.now())
     )
     if updated:
-        content_store().delete(file.storage_name)
         logger.info("file deleted id=%s org=%s", file.id, file.org_id)
+        try:
+            _delete_blobs(file)
+        except Exception as exc:
+            # The key is gone, so the delete has happened; the sweep removes the blobs.
+            logger.warning(
+                "file %s: blob deletion failed (%s); the retention sweep retries it",
+                file.id,
+                type(exc).__name__,
+            )
     file.refresh_from_db()
+    return bool(updated)
+
+
+def file_delete_leftover_blobs() -> int:
+    """Delete the blobs of shredded files whose blob deletion failed or was cut short.
+
+    Their keys are already destroyed, so the ciphertext is unreadable; this reclaims the
+    space and leaves no copy behind. Idempotent; returns how many files it cleaned.
+    """
+    cleaned = 0
+    leftovers = File.objects.filter(status=File.Status.DELETED, stored_bytes__gt=0)
+    for file in leftovers.only("id", "storage_name", "recovery_name"):
+        try:
+            cleaned += _delete_blobs(file)
+        except Exception as exc:
+            logger.warning("file %s: blob deletion failed again (%s)", file.id, type(exc).__name__)
+    return cleaned
+
+
+def _delete_blobs(file: File) -> bool:
+    """Delete every copy; True if this call was the one that marked them gone."""
+    store = content_store()
+    for name in (file.storage_name, file.recovery_name):
+        if name:
+            store.delete(name)
+    return bool(File.objects.filter(pk=file.pk, stored_bytes__gt=0).update(stored_bytes=0))
 
 
 def file_read_range(*, file: File, start: int, end: int) -> Iterator[bytes]:
-    """Plaintext bytes [start, end] (inclusive), decrypting only the chunks they span."""
+    """Plaintext bytes [start, end] (inclusive), decrypting only the chunks they span.
+
+    Every chunk is authenticated before its bytes are yielded. When the primary blob is
+    missing, unreadable or fails authentication, the rest of the range comes from the
+    recovery copy (result files); when no copy can serve it, ServiceUnavailable with code
+    `content_unavailable` (503).
+    """
     data_key = Keyring.current().unwrap(file.key_id, file.wrapped_key)
-    return open_plaintext_range(
-        content_store(),
-        file.storage_name,
-        data_key=data_key,
-        aad_prefix=file.aad(),
-        plaintext_size=file.bytes,
-        start=start,
-        end=end,
+    return _read_with_fallback(file, data_key, start, end)
+
+
+def _read_with_fallback(file: File, data_key: bytes, start: int, end: int) -> Iterator[bytes]:
+    store = content_store()
+    names = [name for name in (file.storage_name, file.recovery_name) if name]
+    position = start  # the first byte not yet yielded
+    for attempt, name in enumerate(names):
+        try:
+            for piece in open_plaintext_range(
+                store,
+                name,
+                data_key=data_key,
+                aad_prefix=file.aad(),
+                plaintext_size=file.bytes,
+                start=position,
+                end=end,
+            ):
+                yield piece
+                position += len(piece)
+            return
+        except (OSError, TamperedContent, BotoCoreError, ClientError) as exc:
+            # The type only: messages of storage errors can carry bucket and key names.
+            copy = "primary" if attempt == 0 else "recovery"
+            logger.error(
+                "file %s: the %s copy is unreadable at byte %s (%s)",
+                file.id,
+                copy,
+                position,
+                type(exc).__name__,
+            )
+    raise ServiceUnavailable(
+        f"The content of file {file.id} cannot be read from storage right now.",
+        code="content_unavailable",
     )
 
 
@@ -250,3 +344,57 @@ def line_index_span(row: list[Any]) -> ItemSpan:
     if len(row) > 5:
         return row[0], row[1], row[5], row[6]
     return row[0], row[1], None, 0
+
+
+@dataclass
+class RewrapCounts:
+    rewrapped: int = 0  # wrapped again under the current master key by this call
+    current: int = 0  # already under the current master key
+    unknown_key: int = 0  # wrapped by a master key that is not configured: left as it is
+    damaged: int = 0  # failed authentication under its master key: left as it is
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+REWRAP_PAGE = 500
+
+
+def data_keys_rewrap(
+    *, rows: QuerySet[Any], keyring: Keyring, dry_run: bool = False
+) -> RewrapCounts:
+    """Re-wrap the data keys of `rows` (a model with key_id and wrapped_key) under the
+    keyring's current master key. Content is untouched: the data keys stay the same.
+
+    Each row is a compare-and-set on its old key id with the key still present, so a
+    concurrent delete is never undone and concurrent or repeated runs re-wrap each row once.
+    """
+    counts = RewrapCounts()
+    live = rows.filter(wrapped_key__isnull=False)
+    counts.current = live.filter(key_id=keyring.current_id).count()
+    stale = live.exclude(key_id=keyring.current_id).order_by("pk")
+    last_pk: Any = None
+    while True:
+        page = stale if last_pk is None else stale.filter(pk__gt=last_pk)
+        batch = list(page.only("pk", "key_id", "wrapped_key")[:REWRAP_PAGE])
+        if not batch:
+            return counts
+        last_pk = batch[-1].pk
+        for row in batch:
+            try:
+                data_key = keyring.unwrap(row.key_id, row.wrapped_key)
+            except UnknownMasterKey:
+                counts.unknown_key += 1
+                continue
+            except TamperedContent:
+                counts.damaged += 1
+                continue
+            if dry_run:
+                counts.rewrapped += 1
+                continue
+            key_id, wrapped = keyring.wrap(data_key)
+            counts.rewrapped += (
+                type(row)
+                .objects.filter(pk=row.pk, key_id=row.key_id, wrapped_key__isnull=False)
+                .update(key_id=key_id, wrapped_key=wrapped)
+            )

@@ -7,10 +7,10 @@ byte range of a large file fetches only the chunks covering it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from typing import IO, Any, Protocol
 
@@ -22,6 +22,8 @@ from storages.backends.s3 import S3Storage
 from storages.utils import clean_name
 
 from files.crypto import ChunkEncryptor, decrypt_range
+
+logger = logging.getLogger(__name__)
 
 _COPY_BUFFER = 1024 * 1024
 # While a local blob is written, a background thread flushes it to stable storage every so
@@ -54,16 +56,20 @@ class ContentStore(Protocol):
     def read(self, name: str, offset: int, length: int) -> bytes:
         """Up to `length` bytes from `offset`; fewer only at the end of the blob."""
 
+    def copy(self, source: str, name: str) -> None:
+        """Store a byte-identical copy of blob `source` under `name`, replacing any blob."""
+
     def delete(self, name: str) -> None:
-        """Remove the blob; a missing one is fine."""
+        """Remove the blob, every stored version of it included; a missing one is fine."""
 
     def exists(self, name: str) -> bool: ...
 
     def size(self, name: str) -> int:
         """Stored size in bytes; FileNotFoundError if missing."""
 
-    def discard_abandoned(self, older_than: float) -> int:
-        """Remove staged blobs a crashed writer left behind (older than `older_than` seconds)."""
+    def discard_abandoned(self, before: float) -> int:
+        """Remove staged blobs a crashed writer left behind, last written before `before`
+        (a Unix time); returns how many. Safe to run from several processes at once."""
 
 
 class FileSystemContentStore:
@@ -92,6 +98,10 @@ class FileSystemContentStore:
             blob.seek(offset)
             return blob.read(length)
 
+    def copy(self, source: str, name: str) -> None:
+        with open(self.storage.path(source), "rb") as blob:
+            self.save(name, blob)
+
     def delete(self, name: str) -> None:
         self.storage.delete(name)
 
@@ -101,17 +111,18 @@ class FileSystemContentStore:
     def size(self, name: str) -> int:
         return self.storage.size(name)
 
-    def discard_abandoned(self, older_than: float) -> int:
+    def discard_abandoned(self, before: float) -> int:
         staging = os.path.join(self.storage.location, _STAGING_DIR)
-        if not os.path.isdir(staging):
-            return 0
-        cutoff = time.time() - older_than
         removed = 0
-        for entry in os.scandir(staging):
-            if entry.name.startswith("blob-") and entry.stat().st_mtime < cutoff:
+        with contextlib.suppress(FileNotFoundError), os.scandir(staging) as entries:
+            for entry in entries:
+                if not entry.name.startswith("blob-"):
+                    continue
+                # Another sweeper may remove the same blob between the listing and here.
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    removed += 1
+                    if entry.stat().st_mtime < before:
+                        os.unlink(entry.path)
+                        removed += 1
         return removed
 
     def _make_directory(self, directory: str) -> None:
@@ -301,7 +312,7 @@ class S3ContentStore:
         if length <= 0:
             return b""
         # A ranged GET: S3File (storage.open) would download the whole object first.
-        key = self.storage._normalize_name(clean_name(name))
+        key = self._key(name)
         client = self.storage.connection.meta.client
         try:
             response = client.get_object(
@@ -319,8 +330,73 @@ class S3ContentStore:
         with contextlib.closing(response["Body"]) as body:
             return body.read()
 
+    def copy(self, source: str, name: str) -> None:
+        # Server-side: the bytes never come back through this process.
+        client = self.storage.connection.meta.client
+        try:
+            client.copy(
+                {"Bucket": self.storage.bucket_name, "Key": self._key(source)},
+                self.storage.bucket_name,
+                self._key(name),
+                Config=self.storage.transfer_config,
+            )
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise FileNotFoundError(f"no stored blob {source!r}") from None
+            raise
+
     def delete(self, name: str) -> None:
-        self.storage.delete(name)
+        """Delete every version of the key and its delete markers, not just the latest.
+
+        On a versioned bucket a plain DELETE only hides the object behind a delete marker:
+        the ciphertext would stay stored. Needs s3:ListBucketVersions and
+        s3:DeleteObjectVersion; without them only the current version goes (logged).
+        """
+        key = self._key(name)
+        client = self.storage.connection.meta.client
+        bucket = self.storage.bucket_name
+        try:
+            versions = self._versions(client, key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") != "AccessDenied":
+                raise
+            logger.warning(
+                "no permission to list object versions in bucket %s: deleting only the "
+                "current version of %s",
+                bucket,
+                key,
+            )
+            client.delete_object(Bucket=bucket, Key=key)
+            return
+        if not versions:
+            client.delete_object(Bucket=bucket, Key=key)
+            return
+        for start in range(0, len(versions), 1000):  # DeleteObjects takes 1,000 at most
+            batch = versions[start : start + 1000]
+            response = client.delete_objects(
+                Bucket=bucket,
+                Delete={
+                    "Objects": [{"Key": key, "VersionId": version} for version in batch],
+                    "Quiet": True,
+                },
+            )
+            errors = response.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise OSError(
+                    f"S3 refused to delete {len(errors)} version(s) of {key}: "
+                    f"{first.get('Code')} {first.get('Message')}"
+                )
+
+    def _versions(self, client: Any, key: str) -> list[str]:
+        """Version ids of `key` itself (not of keys it prefixes), delete markers included."""
+        versions: list[str] = []
+        paginator = client.get_paginator("list_object_versions")
+        for page in paginator.paginate(Bucket=self.storage.bucket_name, Prefix=key):
+            for entry in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                if entry["Key"] == key:
+                    versions.append(entry["VersionId"])
+        return versions
 
     def exists(self, name: str) -> bool:
         return self.storage.exists(name)
@@ -328,8 +404,11 @@ class S3ContentStore:
     def size(self, name: str) -> int:
         return self.storage.size(name)
 
-    def discard_abandoned(self, older_than: float) -> int:
+    def discard_abandoned(self, before: float) -> int:
         return 0  # S3 writers stage in local temporary files, which die with their process
+
+    def _key(self, name: str) -> str:
+        return self.storage._normalize_name(clean_name(name))
 
 
 def content_store() -> ContentStore:

@@ -1,4 +1,5 @@
-"""A real S3-compatible endpoint for content-store tests: moto's server on a localhost port."""
+"""Content-store fixtures: a real S3-compatible endpoint (moto's server on a localhost port,
+with a plain and a versioned bucket) and the same tests run over it and a local directory."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
+from pytest_django import Settings
+
+from files.storage import ContentStore, content_store
 
 
 @dataclass(frozen=True)
@@ -99,3 +105,101 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_versioned_endpoint(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    """The same server, another bucket, with versioning on (as DEPLOYMENT.md recommends)."""
+    endpoint = S3Endpoint(endpoint_url=s3_endpoint.endpoint_url, bucket="boardwalk-versioned")
+    client = endpoint.client()
+    client.create_bucket(Bucket=endpoint.bucket)
+    client.put_bucket_versioning(
+        Bucket=endpoint.bucket, VersioningConfiguration={"Status": "Enabled"}
+    )
+    return endpoint
+
+
+@dataclass
+class Backend:
+    kind: str
+    store: ContentStore
+    raw: Callable[[str], bytes]
+    keys: Callable[[], list[str]]
+    # Every stored version of every key, delete markers included (local: same as keys).
+    versions: Callable[[], list[str]]
+    remove: Callable[[str], None]  # behind the store's back, as a lost object would be
+    put: Callable[[str, bytes], None]  # behind the store's back, as damage would be
+
+
+def use_local_content(settings: Settings, root: Path) -> None:
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "content": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(root), "file_permissions_mode": 0o600},
+        },
+    }
+
+
+def _local_backend(settings: Settings, root: Path) -> Backend:
+    use_local_content(settings, root)
+
+    def local_keys() -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+    return Backend(
+        kind="local",
+        store=content_store(),
+        raw=lambda name: (root / name).read_bytes(),
+        keys=local_keys,
+        versions=local_keys,
+        remove=lambda name: (root / name).unlink(),
+        put=lambda name, data: (root / name).write_bytes(data),
+    )
+
+
+def _s3_backend(kind: str, settings: Settings, endpoint: S3Endpoint) -> Backend:
+    # A prefix per test keeps tests apart in the shared bucket.
+    location = f"t-{uuid.uuid4().hex}"
+    endpoint.use_for_content(settings, location=location)
+    client = endpoint.client()
+    bucket = endpoint.bucket
+
+    def s3_raw(name: str) -> bytes:
+        response = client.get_object(Bucket=bucket, Key=f"{location}/{name}")
+        return response["Body"].read()
+
+    def s3_keys() -> list[str]:
+        listing = client.list_objects_v2(Bucket=bucket, Prefix=f"{location}/")
+        return sorted(
+            item["Key"].removeprefix(f"{location}/") for item in listing.get("Contents", [])
+        )
+
+    def s3_versions() -> list[str]:
+        listing = client.list_object_versions(Bucket=bucket, Prefix=f"{location}/")
+        entries = [*listing.get("Versions", []), *listing.get("DeleteMarkers", [])]
+        return sorted(entry["Key"].removeprefix(f"{location}/") for entry in entries)
+
+    def s3_remove(name: str) -> None:
+        client.delete_object(Bucket=bucket, Key=f"{location}/{name}")
+
+    def s3_put(name: str, data: bytes) -> None:
+        client.put_object(Bucket=bucket, Key=f"{location}/{name}", Body=data)
+
+    return Backend(kind, content_store(), s3_raw, s3_keys, s3_versions, s3_remove, s3_put)
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Backend:
+    if request.param == "local":
+        return _local_backend(settings, tmp_path / "content")
+    return _s3_backend("s3", settings, request.getfixturevalue("s3_endpoint"))
+
+
+@pytest.fixture(params=["local", "s3", "s3-versioned"])
+def any_backend(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Backend:
+    """`backend`, plus an S3 bucket with versioning on."""
+    if request.param == "local":
+        return _local_backend(settings, tmp_path / "content")
+    name = "s3_endpoint" if request.param == "s3" else "s3_versioned_endpoint"
+    return _s3_backend(request.param, settings, request.getfixturevalue(name))

@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,58 +35,12 @@ from files.storage import (
     content_store,
     open_plaintext_range,
 )
+from tests.files.conftest import Backend, use_local_content
 
 if TYPE_CHECKING:
     from tests.files.conftest import S3Endpoint
 
 MARKER = b"PLAINTEXT-MARKER-do-not-store"
-
-
-@dataclass
-class Backend:
-    store: ContentStore
-    raw: Callable[[str], bytes]
-    keys: Callable[[], list[str]]
-
-
-def use_local_content(settings: Settings, root: Path) -> None:
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "content": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(root), "file_permissions_mode": 0o600},
-        },
-    }
-
-
-@pytest.fixture(params=["local", "s3"])
-def backend(request: pytest.FixtureRequest, settings: Settings, tmp_path: Path) -> Backend:
-    if request.param == "local":
-        root = tmp_path / "content"
-        use_local_content(settings, root)
-
-        def local_keys() -> list[str]:
-            return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-
-        return Backend(content_store(), lambda name: (root / name).read_bytes(), local_keys)
-
-    endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
-    # A prefix per test keeps tests apart in the shared bucket.
-    location = f"t-{uuid.uuid4().hex}"
-    endpoint.use_for_content(settings, location=location)
-    client = endpoint.client()
-
-    def s3_raw(name: str) -> bytes:
-        response = client.get_object(Bucket=endpoint.bucket, Key=f"{location}/{name}")
-        return response["Body"].read()
-
-    def s3_keys() -> list[str]:
-        listing = client.list_objects_v2(Bucket=endpoint.bucket, Prefix=f"{location}/")
-        return sorted(
-            item["Key"].removeprefix(f"{location}/") for item in listing.get("Contents", [])
-        )
-
-    return Backend(content_store(), s3_raw, s3_keys)
 
 
 def spool_into(
@@ -390,3 +343,16 @@ def test_s3_store_refuses_options_that_break_it(
         }
         with pytest.raises(ImproperlyConfigured):
             content_store()
+
+
+def test_copy_is_byte_identical_also_past_a_multipart_part(backend: Backend) -> None:
+    data = os.urandom(9 * 1024 * 1024 + 5)  # S3 copies it part by part
+    backend.store.save("files/blob", io.BytesIO(data))
+    backend.store.copy("files/blob", "recovery/blob")
+    assert backend.raw("recovery/blob") == data
+    assert backend.keys() == ["files/blob", "recovery/blob"]
+    backend.store.copy("files/blob", "recovery/blob")  # again: replaced, not duplicated
+    assert backend.keys() == ["files/blob", "recovery/blob"]
+    with pytest.raises(FileNotFoundError):
+        backend.store.copy("files/missing", "recovery/missing")
+    assert backend.keys() == ["files/blob", "recovery/blob"]
