@@ -32,6 +32,10 @@ class GenerationRequest:
     id: str  # opaque, echoed back
     prompt_ids: list[int]
     params: SamplingParams
+    # Keys and values computed for one request are reused only by requests of the same scope
+    # (the worker sets the organization and deployment), so no tenant can probe another's
+    # prompts through cache hits or timing.
+    cache_scope: str = ""
 
 
 @dataclass

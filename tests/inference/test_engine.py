@@ -195,6 +195,25 @@ def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> Non
     assert results["again"].choices[0].token_ids == reference(model, first, 6)
 
 
+def test_prefix_reuse_never_crosses_cache_scopes(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("org-a", ids, greedy(12), cache_scope="org-a"),
+            GenerationRequest("org-b", ids, greedy(4), cache_scope="org-b"),
+            GenerationRequest("org-a-again", ids, greedy(4), cache_scope="org-a"),
+        ],
+    )
+
+    assert results["org-a"].cached_tokens == 0
+    assert results["org-b"].cached_tokens == 0  # same prompt, other scope: computed afresh
+    assert results["org-a-again"].cached_tokens > 0
+    assert results["org-b"].choices[0].token_ids == reference(model, ids, 4)
+
+
 def test_n_choices_share_one_prefill(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Tell me a story.")
     engine = Engine(model, tokenizer, context_length=2048)
