@@ -181,6 +181,10 @@ class Engine:
         self._step_rows = max_batch_size  # lowered for the rest of a call by out-of-memory
         self._step_tokens = self.max_step_tokens
 
+    def clear_prefix_cache(self) -> None:
+        """Forget the cached blocks of finished requests (not while `generate` runs)."""
+        self._pool.clear_cache()
+
     def _default_kv_bytes(self, token_bytes: int, layers: int) -> int:
         everything = self.max_batch_size * self.context_length * token_bytes
         if self._device.type != "cuda":
@@ -588,50 +592,62 @@ class Engine:
         return logits
 
     def _forward(self, work: list[tuple[_Sequence, int]]) -> torch.Tensor:
-        """One forward over a left-padded [rows, queries] batch; last-position logits."""
-        device, bs = self._device, self.block_size
-        queries = max(take for _, take in work)
-        ids = [
-            [self._pad_id] * (queries - take) + seq.span(seq.computed, seq.computed + take)
-            for seq, take in work
-        ]
-        lengths_list = [seq.computed + take for seq, take in work]
-        longest = max(lengths_list)
-        table_width = math.ceil(longest / bs)
-        table = torch.tensor(
-            [seq.blocks[:table_width] + [0] * (table_width - len(seq.blocks)) for seq, _ in work],
-            dtype=torch.long,
-        ).to(device, non_blocking=True)
-        lengths = torch.tensor(lengths_list, dtype=torch.long).to(device, non_blocking=True)
-        takes = torch.tensor([take for _, take in work], dtype=torch.long).to(device)
+        """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
 
-        k = torch.arange(longest, device=device)
-        read = table[:, k // bs] * bs + k % bs
-        read = torch.where(k[None, :] < lengths[:, None], read, 0)
-        j = torch.arange(queries, device=device)
-        pad = queries - takes
-        positions = (lengths - takes)[:, None] + j[None, :] - pad[:, None]
-        real = j[None, :] >= pad[:, None]
-        clamped = positions.clamp(min=0)
-        write = table.gather(1, clamped // bs) * bs + clamped % bs
-        write = torch.where(real, write, 0)
-        allowed = (k[None, None, :] <= positions[:, :, None]) & real[:, :, None]
-        # A padding query sees key 0 only: a fully masked row would produce NaN.
-        allowed[:, :, 0] |= ~real
-        mask = allowed[:, None]
+        Decoding rows (one token each) run as a `[rows, 1]` batch, each attending to its own
+        context; prompt pieces are packed into one `[1, tokens]` row with a block-diagonal
+        causal mask, so pieces of different lengths cost no padding.
+        """
+        device, bs = self._device, self.block_size
+        takes_list = [take for _, take in work]
+        starts_list = [seq.computed for seq, _ in work]
+        lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
+        width = math.ceil(max(lengths_list) / bs)
+        table = _to(
+            [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work], device
+        )
+        lengths = _to(lengths_list, device)
+        if max(takes_list) == 1:
+            ids = _to([[seq.span(seq.computed, seq.computed + 1)[0]] for seq, _ in work], device)
+            k = torch.arange(int(max(lengths_list)), device=device)
+            read = torch.where(k[None, :] < lengths[:, None], table[:, k // bs] * bs + k % bs, 0)
+            positions = (lengths - 1)[:, None]
+            write = table.gather(1, positions // bs) * bs + positions % bs
+            allowed = (k[None, :] < lengths[:, None])[:, None, None, :]
+            keep: int | torch.Tensor = 1
+        else:
+            ids = _to(
+                [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
+                device,
+            )
+            takes, starts = _to(takes_list, device), _to(starts_list, device)
+            rows = torch.arange(len(work), device=device)
+            q_row = rows.repeat_interleave(takes)
+            q_first = torch.cumsum(takes, 0) - takes
+            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
+            k_row = rows.repeat_interleave(lengths)
+            k_first = torch.cumsum(lengths, 0) - lengths
+            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
+            read = (table[k_row, k_pos // bs] * bs + k_pos % bs)[None]
+            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
+            positions = q_pos[None]
+            allowed = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            allowed = allowed[None, None]
+            keep = torch.cumsum(takes, 0) - 1
+        mask: torch.Tensor = allowed
         if self._attention == "eager":
-            mask = torch.zeros(mask.shape, dtype=self._dtype, device=device).masked_fill_(
-                ~mask, torch.finfo(self._dtype).min
+            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
+                ~allowed, torch.finfo(self._dtype).min
             )
         out = self.model(
-            input_ids=torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True),
+            input_ids=ids,
             attention_mask=mask,
-            position_ids=clamped,
+            position_ids=positions,
             cache=self._cache.point(write=write, read=read),
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
-        logits = out.logits[:, -1, :]
+        logits = out.logits[:, -1, :] if isinstance(keep, int) else out.logits[0]
         if self._vocab_size > self._tokenizer_size:
             # Padded embedding rows have no token behind them.
             logits[:, self._tokenizer_size :] = float("-inf")
@@ -720,6 +736,10 @@ class Engine:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return text[: min(cuts)] if cuts else None
+
+
+def _to(values: list[Any], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _age(seq: _Sequence) -> tuple[int, int]:
