@@ -1,12 +1,24 @@
-"""Generated tokens per second: our continuous-batching Engine against plain `model.generate`.
+"""Generated tokens per second: our Engine against what a user would pick instead.
 
-    .venv/bin/python benchmarks/engine.py [--model-dir DIR] [--requests 64] [--batch-size 32]
+    .venv/bin/python benchmarks/engine.py [--requests 64 256] [--rounds 5] [--shared-prefix]
 
-Runs the same chat requests (mixed prompt lengths, mixed max_tokens, fixed RNG) through
-(a) one `model.generate` call per request (on a spread-out sample of them), (b) padded static
-batches of 16 in input order, and (c) the Engine, on the "bench" demo model (built offline on
-first use). Every request generates exactly its max_tokens in all three (end-of-sequence
-suppressed), so the useful work is the same; tokens/s counts each request's max_tokens only.
+Mixed chat requests (prompts of 8 to 160 words, fixed RNG), every one with max_tokens 128,
+whose real output lengths are hidden from every strategy: a hook on the model (none of the
+strategies knows of it) forces the end-of-sequence token at positions drawn at random once
+per run of the script, so each request ends at a random step below its max_tokens, which
+depends on its prompt length only and is the same whichever strategy runs it. Strategies:
+
+- (a) one `model.generate` call per request (on an evenly spread sample of the requests);
+- (b) `model.generate` on padded static batches of 32, requests sorted by prompt length;
+- (c) transformers' own continuous batching, `model.generate_batch` (paged cache), with its
+      cache sized by hand to hold 32 requests at full length;
+- (d) `inference.engine.Engine`, 32 rows.
+
+Each is warmed up, runs `--rounds` times (alternating, so that load from other processes falls
+on all alike) and reports its median. tok/s counts each request's real output tokens.
+
+`--shared-prefix` instead compares the engine with and without its prefix cache on requests
+that all start with the same 500-token system prompt (the cache is emptied before each run).
 """
 
 from __future__ import annotations
@@ -14,9 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,10 +48,50 @@ from inference.engine import (  # noqa: E402
     render_prompt,
 )
 
-STATIC_BATCH = 16
+WIDTH = 32  # rows of the engine, static batch size, requests the generate_batch cache holds
+MAX_TOKENS = 128
+END_RATE = 1 / 48  # chance that a given position is forced to end the sequence
 
 
-def make_requests(tokenizer, count: int, seed: int) -> list[GenerationRequest]:
+class HiddenEnds:
+    """Forces end-of-sequence at fixed random positions, inside the model's forward."""
+
+    def __init__(self, model: Any, eos: int, *, seed: int, positions: int = 4096) -> None:
+        rng = torch.Generator().manual_seed(seed)
+        self.ends = torch.rand(positions, generator=rng) < END_RATE
+        self.eos = eos
+        self._positions: torch.Tensor | None = None
+        model.register_forward_pre_hook(self._before, with_kwargs=True)
+        model.register_forward_hook(self._after)
+
+    def length(self, prompt_tokens: int) -> int:
+        """Real output length of a request: through the first forced end, at most MAX_TOKENS."""
+        hits = self.ends[prompt_tokens : prompt_tokens + MAX_TOKENS].nonzero()
+        return int(hits[0]) + 1 if len(hits) else MAX_TOKENS
+
+    def _before(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        positions = kwargs["position_ids"]
+        keep = kwargs.get("logits_to_keep", 0)
+        if isinstance(keep, torch.Tensor):
+            positions = positions[:, keep.to(positions.device).long()]
+        elif keep:
+            positions = positions[:, -keep:]
+        self._positions = positions
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        logits = output.logits
+        assert self._positions is not None and self._positions.shape == logits.shape[:2]
+        # The logits at position p choose the token at p + 1.
+        hit = self.ends.to(logits.device)[(self._positions + 1).clamp(max=len(self.ends) - 1)]
+        forced = logits[hit]
+        forced[:] = float("-inf")
+        forced[:, self.eos] = 0.0
+        logits[hit] = forced
+
+
+def make_requests(
+    tokenizer: Any, count: int, seed: int, system: str = "You are a helpful assistant."
+) -> list[GenerationRequest]:
     rng = random.Random(seed)
     words = _CORPUS.split()
     requests = []
@@ -44,128 +99,209 @@ def make_requests(tokenizer, count: int, seed: int) -> list[GenerationRequest]:
         start = rng.randrange(len(words))
         length = rng.choice([8, 20, 40, 80, 160])
         text = " ".join(words[(start + j) % len(words)] for j in range(length))
-        messages = [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": text},
-        ]
-        params = SamplingParams(
-            max_new_tokens=rng.randint(16, 128), temperature=0.0, ignore_eos=True
-        )
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        params = SamplingParams(max_new_tokens=MAX_TOKENS, temperature=0.0)
         requests.append(GenerationRequest(str(i), render_prompt(tokenizer, messages), params))
     return requests
 
 
-def run_single(model, requests) -> int:
-    tokens = 0
+def _until_eos(tokens: list[int], eos: int) -> int:
+    return tokens.index(eos) + 1 if eos in tokens else len(tokens)
+
+
+def run_single(model: Any, requests: list[GenerationRequest], eos: int) -> list[int]:
+    lengths = []
     for r in requests:
-        n = r.params.max_new_tokens
         out = model.generate(
             torch.tensor([r.prompt_ids]),
             attention_mask=torch.ones(1, len(r.prompt_ids), dtype=torch.long),
-            max_new_tokens=n,
-            min_new_tokens=n,
+            max_new_tokens=MAX_TOKENS,
             do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
         )
-        assert out.shape[1] - len(r.prompt_ids) == n
-        tokens += n
-    return tokens
+        lengths.append(_until_eos(out[0, len(r.prompt_ids) :].tolist(), eos))
+    return lengths
 
 
-def run_static(model, tokenizer, requests) -> int:
-    """Padded batches in input order: each batch runs until its longest max_tokens."""
-    pad = tokenizer.pad_token_id
-    tokens = 0
-    for lo in range(0, len(requests), STATIC_BATCH):
-        batch = requests[lo : lo + STATIC_BATCH]
-        width = max(len(r.prompt_ids) for r in batch)
+def run_static(model: Any, requests: list[GenerationRequest], eos: int, pad: int) -> list[int]:
+    """Padded batches of WIDTH, sorted by prompt length; each runs until its last row ends."""
+    order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
+    lengths = [0] * len(requests)
+    for lo in range(0, len(order), WIDTH):
+        batch = order[lo : lo + WIDTH]
+        width = max(len(requests[i].prompt_ids) for i in batch)
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids) :] = 1
-        n = max(r.params.max_new_tokens for r in batch)
-        model.generate(
-            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+        for row, i in enumerate(batch):
+            p = requests[i].prompt_ids
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
         )
-        # Only each request's own max_tokens is useful output; the rest is the padding cost.
-        tokens += sum(r.params.max_new_tokens for r in batch)
-    return tokens
+        for row, i in enumerate(batch):
+            lengths[i] = _until_eos(out[row, width:].tolist(), eos)
+    return lengths
 
 
-def run_engine(engine: Engine, requests) -> int:
-    tokens = 0
+def run_generate_batch(
+    model: Any, requests: list[GenerationRequest], eos: int, pad: int
+) -> list[int]:
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    longest = max(len(r.prompt_ids) for r in requests) + MAX_TOKENS
+    page = 64
+    cb = ContinuousBatchingConfig(
+        page_size=page,
+        num_blocks=WIDTH * -(-longest // page),  # WIDTH requests at full length
+        max_batch_tokens=512,  # the engine's step budget on CPU
+        max_requests_per_batch=WIDTH,
+        allow_block_sharing=False,
+    )
+    config = GenerationConfig(
+        max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=pad
+    )
+    out = model.generate_batch(
+        inputs=[r.prompt_ids for r in requests],
+        generation_config=config,
+        continuous_batching_config=cb,
+        warmup=False,
+    )
+    by_index = {int(key.rsplit("_", 1)[-1]): value for key, value in out.items()}
+    return [_until_eos(list(by_index[i].generated_tokens), eos) for i in range(len(requests))]
+
+
+def run_engine(engine: Engine, requests: list[GenerationRequest]) -> list[int]:
+    lengths = [0] * len(requests)
     for result in engine.generate(iter(requests)):
-        wanted = requests[int(result.id)].params.max_new_tokens
-        assert result.error is None and result.completion_tokens == wanted
-        tokens += result.completion_tokens
-    return tokens
+        assert result.error is None, result.error
+        lengths[int(result.id)] = result.completion_tokens
+    return lengths
+
+
+def measure(
+    runs: dict[str, Callable[[], list[int]]],
+    expected: dict[str, list[int]],
+    rounds: int,
+) -> dict[str, float]:
+    """Median tok/s of each run over `rounds` alternating rounds, after one warm-up each."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds + 1):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            with torch.inference_mode():
+                lengths = run()
+            seconds = time.perf_counter() - began
+            wrong = sum(a != b for a, b in zip(lengths, expected[name], strict=True))
+            tokens = sum(expected[name])
+            tag = "warm-up" if round_ == 0 else f"round {round_}"
+            print(
+                f"  {tag:8} {name:44} {tokens:6d} tok {seconds:7.1f} s "
+                f"{tokens / seconds:7.1f} tok/s" + (f"  ({wrong} lengths differ)" if wrong else ""),
+                flush=True,
+            )
+            if round_:
+                rates[name].append(tokens / seconds)
+    return {name: statistics.median(found) for name, found in rates.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=ROOT / "var/models/tiny-chat-bench")
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=32, help="Engine max_batch_size")
+    parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--rounds", type=int, default=2, help="best of this many runs each")
-    parser.add_argument(
-        "--single-sample",
-        type=int,
-        default=16,
-        help="(a) runs every k-th request only, k = requests / this (0: skip (a))",
-    )
+    parser.add_argument("--rounds", type=int, default=5, help="median of this many runs each")
+    parser.add_argument("--single-sample", type=int, default=16, help="requests run by (a)")
+    parser.add_argument("--shared-prefix", action="store_true")
+    parser.add_argument("--skip", nargs="*", default=[], help="strategy letters to leave out")
     args = parser.parse_args()
 
     model_dir = build_demo_model(args.model_dir, size="bench")
     model, tokenizer = load_model(str(model_dir))
+    eos = int(tokenizer.eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    hidden = HiddenEnds(model, eos, seed=args.seed)
     params = sum(p.numel() for p in model.parameters())
-    requests = make_requests(tokenizer, args.requests, args.seed)
-    prompt_lengths = sorted(len(r.prompt_ids) for r in requests)
     print(
-        f"model {model_dir.name}: {params / 1e6:.1f}M params, {model.dtype}, "
-        f"torch threads {torch.get_num_threads()}; {len(requests)} requests, prompt tokens "
-        f"{prompt_lengths[0]}..{prompt_lengths[-1]}, max_tokens 16..128, "
-        f"{sum(r.params.max_new_tokens for r in requests)} tokens to generate",
+        f"model {model_dir.name}: {params / 1e6:.1f}M params, {model.dtype}, {model.device}, "
+        f"torch threads {torch.get_num_threads()}; max_tokens {MAX_TOKENS}, width {WIDTH}",
         flush=True,
     )
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=args.batch_size)
-    # Warm-up: first calls pay one-off allocation and kernel selection costs.
-    run_engine(engine, requests[:4])
 
-    runs = {
-        "(b) static batches of 16": lambda: run_static(model, tokenizer, requests),
-        f"(c) engine, batch {args.batch_size}": lambda: run_engine(engine, requests),
-    }
-    if args.single_sample:
-        # One request at a time does not depend on its neighbours: a spread-out sample gives
-        # its rate without spending minutes on all of them.
-        sample = requests[:: max(1, len(requests) // args.single_sample)]
-        runs = {
-            f"(a) one at a time ({len(sample)} req)": lambda: run_single(model, sample),
-            **runs,
-        }
-    # Rounds alternate the methods and each keeps its best: on a shared machine, other
-    # processes slow some runs down, and this way no method pays for them alone.
-    best: dict[str, float] = dict.fromkeys(runs, 0.0)
-    for round_ in range(1, args.rounds + 1):
-        for name, run in runs.items():
-            began = time.perf_counter()
-            with torch.inference_mode():
-                tokens = run()
-            seconds = time.perf_counter() - began
-            best[name] = max(best[name], tokens / seconds)
+    if args.shared_prefix:
+        system = " ".join(_CORPUS.split()[:1000])
+        while len(tokenizer(system)["input_ids"]) > 500:
+            system = system.rsplit(" ", 1)[0]
+        for count in args.requests:
+            requests = make_requests(tokenizer, count, args.seed, system=system)
+            expected = [hidden.length(len(r.prompt_ids)) for r in requests]
+            cached = Engine(model, tokenizer, context_length=2048, max_batch_size=WIDTH)
+            plain = Engine(
+                model, tokenizer, context_length=2048, max_batch_size=WIDTH, prefix_cache=False
+            )
+
+            def with_cache(engine: Engine = cached, requests: list = requests) -> list[int]:
+                engine.clear_prefix_cache()  # every run computes the system prompt once
+                return run_engine(engine, requests)
+
+            runs = {
+                "engine, prefix cache off": lambda e=plain, r=requests: run_engine(e, r),
+                "engine, prefix cache on": with_cache,
+            }
+            prompt_tokens = sum(len(r.prompt_ids) for r in requests)
             print(
-                f"round {round_} {name:30} {tokens:6d} tokens {seconds:6.1f} s "
-                f"{tokens / seconds:7.1f} tok/s",
+                f"{count} requests sharing a {len(tokenizer(system)['input_ids'])}-token system "
+                f"prompt; {prompt_tokens} prompt tokens, {sum(expected)} to generate",
                 flush=True,
             )
-    print("best of rounds:")
-    for name, rate in best.items():
-        print(f"  {name:30} {rate:7.1f} tok/s")
-    engine_rate = best[next(n for n in best if n.startswith("(c)"))]
-    for name, rate in best.items():
-        if not name.startswith("(c)"):
-            print(f"engine / {name[:3]}: {engine_rate / rate:.2f}x")
+            rates = measure(runs, dict.fromkeys(runs, expected), args.rounds)
+            for name, rate in rates.items():
+                print(f"  median {name:44} {rate:7.1f} tok/s")
+            on, off = rates["engine, prefix cache on"], rates["engine, prefix cache off"]
+            print(f"  prefix cache on / off: {on / off:.2f}x", flush=True)
+        return
+
+    for count in args.requests:
+        requests = make_requests(tokenizer, count, args.seed)
+        expected = [hidden.length(len(r.prompt_ids)) for r in requests]
+        sample = requests[:: max(1, len(requests) // args.single_sample)]
+        sample_expected = [hidden.length(len(r.prompt_ids)) for r in sample]
+        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=WIDTH)
+        prompt_lengths = sorted(len(r.prompt_ids) for r in requests)
+        print(
+            f"{count} requests, prompt tokens {prompt_lengths[0]}..{prompt_lengths[-1]}, "
+            f"{sum(expected)} tokens to generate (mean {sum(expected) / count:.1f} each)",
+            flush=True,
+        )
+        runs: dict[str, Callable[[], list[int]]] = {
+            f"(a) model.generate one at a time ({len(sample)} req)": lambda s=sample: run_single(
+                model, s, eos
+            ),
+            f"(b) model.generate sorted static batches of {WIDTH}": lambda r=requests: run_static(
+                model, r, eos, pad
+            ),
+            "(c) transformers generate_batch (paged)": lambda r=requests: run_generate_batch(
+                model, r, eos, pad
+            ),
+            f"(d) engine, {WIDTH} rows": lambda r=requests, e=engine: run_engine(e, r),
+        }
+        runs = {name: run for name, run in runs.items() if name[1] not in args.skip}
+        wanted = {name: sample_expected if name.startswith("(a)") else expected for name in runs}
+        rates = measure(runs, wanted, args.rounds)
+        for name, rate in rates.items():
+            print(f"  median {name:44} {rate:7.1f} tok/s")
+        ours = rates[next(n for n in rates if n.startswith("(d)"))]
+        for name, rate in rates.items():
+            if not name.startswith("(d)"):
+                print(f"  engine / {name[:3]}: {ours / rate:.2f}x")
+        print(flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,27 @@
-"""Continuous batching over a transformers causal LM.
+"""Continuous batching over a transformers causal LM, with paged key/value memory.
 
-Up to `max_batch_size` sequences are in flight. Each step is one forward over all of them (one
-new token each); a sequence that finishes leaves at once and the next request is pulled from the
-caller's iterator, prefilled straight into the freed row of the key/value store (kv.py) and
-decodes with the others from the next step on. Nobody waits for the slowest row of a batch.
+Up to `max_batch_size` sequences are in flight. Every step schedules, under a token budget
+(`max_step_tokens`), one new token for each decoding sequence and then pieces of the prompts
+still being prefilled (chunked prefill: a long prompt never stalls the decoding rows for more
+than one step's budget). Keys and values live in fixed-size blocks (kv.py) handed out as tokens
+arrive and returned as sequences finish; a request is admitted only when the memory left can
+take its prompt, and when decoding runs out of blocks the youngest sequence is preempted (its
+blocks released, its tokens kept) and recomputed later, so memory never overflows.
 
-Prompts that share a long prefix with a sequence already in the store (a common system prompt,
-the n choices of one request) copy that prefix's keys and values instead of recomputing them.
+Full blocks are kept, keyed by a hash of their tokens, their prefix and the request's cache
+scope, after their request ends: a later prompt with the same prefix (a system prompt shared by
+a whole file, the n choices of one request) reads them instead of recomputing them, until the
+least recently used ones are evicted for memory.
+
+A request whose own work raises (its prompt, its sampling, its forward when run alone) ends
+with `error="internal_error"`; the others go on. Out of memory in a step halves the step and
+tries again.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -19,10 +30,11 @@ from typing import Any
 
 import torch
 
-from .kv import SlotKV
+from .kv import BlockPool, PagedCache, block_digest
 from .sampling import RowSampling, row_sampling, sample
 from .types import (
     ERROR_CONTEXT_LENGTH,
+    ERROR_INTERNAL,
     ERROR_INVALID_REQUEST,
     FINISH_LENGTH,
     FINISH_STOP,
@@ -31,16 +43,25 @@ from .types import (
     GenerationResult,
 )
 
+logger = logging.getLogger(__name__)
+
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
+# Without a GPU (or an explicit size), the key/value memory holds every row at full context,
+# up to this many bytes.
+_CPU_KV_BYTES = 2 * 1024**3
+# On a GPU, the share of the memory free after the weights that keys and values may take; the
+# rest is left to activations (the gathered context of one layer at a time, and logits).
+_GPU_MEMORY_FRACTION = 0.85
 
 
 @dataclass(eq=False)
 class _Request:
     request: GenerationRequest
+    order: int = 0
     choices: dict[int, Choice] = field(default_factory=dict)
     busy: float = 0.0
     cached_tokens: int = 0
-    primary_row: int = -1  # row of choice 0 while being admitted
+    forked: bool = False
     reported: bool = False
 
     @property
@@ -57,8 +78,32 @@ class _Sequence:
     owner: _Request
     choice: int
     sampling: RowSampling
-    start: int  # first column of this row's tokens in the store
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    blocks: list[int] = field(default_factory=list)  # the block table
+    digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
+    computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
+
+    @property
+    def length(self) -> int:
+        return len(self.owner.prompt) + len(self.tokens)
+
+    def span(self, lo: int, hi: int) -> list[int]:
+        """Tokens [lo, hi) of prompt + generated, without building the whole list."""
+        prompt = self.owner.prompt
+        p = len(prompt)
+        if hi <= p:
+            return prompt[lo:hi]
+        head = prompt[lo:] if lo < p else []
+        return head + self.tokens[max(lo - p, 0) : hi - p]
+
+
+@dataclass
+class _Failed:
+    owners: list[_Request] = field(default_factory=list)
+
+    def add(self, owner: _Request) -> None:
+        if owner not in self.owners:
+            self.owners.append(owner)
 
 
 class Engine:
@@ -73,17 +118,19 @@ class Engine:
         max_batch_size: int = 32,
         eos_token_ids: Collection[int] | None = None,
         abort_poll_seconds: float = 0.5,
-        prefill_chunk_tokens: int = 2048,
-        min_prefix_reuse: int = 32,
+        max_step_tokens: int | None = None,
+        block_size: int = 16,
+        kv_cache_bytes: int | None = None,
+        max_num_blocks: int | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         config = model.config
         attention = getattr(config, "_attn_implementation", "sdpa")
         if attention not in _SUPPORTED_ATTENTION:
             raise ValueError(f"attention {attention!r} is not supported; load with sdpa or eager")
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True) and window < context_length:
-            # The store keeps every column; a sliding window shorter than the context would
-            # need its own mask per layer.
+        text = config.get_text_config(decoder=True)
+        window = getattr(text, "sliding_window", None)
+        if window and getattr(text, "use_sliding_window", True) and window < context_length:
             raise ValueError(
                 "models with a sliding window shorter than the context are not supported"
             )
@@ -92,19 +139,60 @@ class Engine:
         self.context_length = context_length
         self.max_batch_size = max_batch_size
         self.abort_poll_seconds = abort_poll_seconds
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.min_prefix_reuse = max(1, min_prefix_reuse)
+        self.prefix_cache = prefix_cache
         self.eos_token_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _model_eos_ids(model, tokenizer)
         )
         self.busy_seconds_total = 0.0  # over the engine's life; the results' shares sum to it
         self._attention = attention
-        self._num_layers = config.get_text_config(decoder=True).num_hidden_layers
         self._device = model.get_input_embeddings().weight.device
         self._dtype = model.get_input_embeddings().weight.dtype
         self._vocab_size = model.get_output_embeddings().weight.shape[0]
         self._tokenizer_size = len(tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._eos_sorted = sorted(self.eos_token_ids)
+        on_gpu = self._device.type == "cuda"
+        if max_step_tokens is None:
+            max_step_tokens = 2048 if on_gpu else 512
+        self.max_step_tokens = max(max_step_tokens, max_batch_size)
+
+        layers = text.num_hidden_layers
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        element = torch.empty((), dtype=self._dtype).element_size()
+        self.block_size = block_size
+        block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
+        if max_num_blocks is None:
+            if kv_cache_bytes is None:
+                kv_cache_bytes = self._default_kv_bytes(block_bytes // block_size, layers)
+            max_num_blocks = kv_cache_bytes // block_bytes
+        self.kv_cache_bytes = max_num_blocks * block_bytes
+        self._pool = BlockPool(
+            num_layers=layers,
+            num_blocks=max_num_blocks,
+            block_size=block_size,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self._dtype,
+            device=self._device,
+        )
+        self._cache = PagedCache(self._pool)
+        self._order = 0
+        self._step_rows = max_batch_size  # lowered for the rest of a call by out-of-memory
+        self._step_tokens = self.max_step_tokens
+
+    def clear_prefix_cache(self) -> None:
+        """Forget the cached blocks of finished requests (not while `generate` runs)."""
+        self._pool.clear_cache()
+
+    def _default_kv_bytes(self, token_bytes: int, layers: int) -> int:
+        everything = self.max_batch_size * self.context_length * token_bytes
+        if self._device.type != "cuda":
+            return min(everything, _CPU_KV_BYTES)
+        free, _ = torch.cuda.mem_get_info(self._device)
+        # Attention gathers one layer's context at a time: 1/layers of the memory on top.
+        usable = int(free * _GPU_MEMORY_FRACTION * layers / (layers + 1))
+        return min(everything, usable)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -117,76 +205,68 @@ class Engine:
         """Pulls requests lazily from `requests` as capacity frees up (continuous batching),
         yields each result as soon as it finishes (not in input order).
 
-        At most `max_batch_size` sequences (n per request) are in flight, plus one request
-        waiting for room when its n does not fit yet. `aborted()` is polled about every
-        `abort_poll_seconds` of work; requests whose id it returns are stopped and yielded with
-        aborted=True. Invalid requests (context_length_exceeded, invalid_request) are yielded
-        immediately as error results without generation.
+        At most `max_batch_size` sequences (n per request) are in flight or waiting for
+        memory. `aborted()` is polled about every `abort_poll_seconds` of work; requests whose
+        id it returns are stopped and yielded with aborted=True. Invalid requests
+        (context_length_exceeded, invalid_request) are yielded immediately as error results.
         """
         source = iter(requests)
-        store = SlotKV(
-            num_layers=self._num_layers,
-            max_rows=self.max_batch_size,
-            max_capacity=2 * self.context_length,
-        )
-        rows: list[_Sequence] = []
+        running: list[_Sequence] = []
         waiting: deque[_Request] = deque()
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
         work_since_poll = float("inf")
+        self._step_rows, self._step_tokens = self.max_batch_size, self.max_step_tokens
+        try:
+            while True:
+                if (
+                    aborted is not None
+                    and (running or waiting)
+                    and work_since_poll >= self.abort_poll_seconds
+                ):
+                    aborted_ids = frozenset(aborted())
+                    work_since_poll = 0.0
+                    yield from self._abort(running, waiting, aborted_ids)
 
-        while True:
-            if (
-                aborted is not None
-                and (rows or waiting)
-                and work_since_poll >= self.abort_poll_seconds
-            ):
-                aborted_ids = frozenset(aborted())
-                work_since_poll = 0.0
-                yield from self._abort(store, rows, waiting, aborted_ids)
+                in_use = _rows(running) + sum(r.n for r in waiting)
+                while in_use < self.max_batch_size and not exhausted:
+                    try:
+                        request = next(source)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    error = self._invalid(request)
+                    if error or request.id in aborted_ids:
+                        yield _empty_result(_Request(request), error=error, aborted=not error)
+                        continue
+                    waiting.append(_Request(request))
+                    in_use += request.params.n
 
-            free = self.max_batch_size - len(rows) - sum(r.n for r in waiting)
-            while free > 0 and not exhausted:
-                try:
-                    request = next(source)
-                except StopIteration:
-                    exhausted = True
-                    break
-                error = self._invalid(request)
-                if error or request.id in aborted_ids:
-                    yield _empty_result(_Request(request), error=error, aborted=not error)
+                yield from self._admit(running, waiting)
+
+                if not running:
+                    if exhausted and not waiting:
+                        return
                     continue
-                waiting.append(_Request(request))
-                free -= request.params.n
 
-            joining: list[_Request] = []
-            room = self.max_batch_size - len(rows)
-            while waiting and waiting[0].n <= room:
-                room -= waiting[0].n
-                joining.append(waiting.popleft())
-            if joining:
                 began = time.perf_counter()
-                first_new = len(rows)
                 with torch.inference_mode():
-                    done = self._admit(store, rows, joining)
-                spent = self._account(began, rows[first_new:] + done)
-                work_since_poll += spent
-                yield from self._results(done)
-
-            if not rows:
-                if exhausted and not waiting:
-                    return
-                continue
-
-            began = time.perf_counter()
-            stepping = list(rows)
-            with torch.inference_mode():
-                done = self._decode(store, rows)
-            work_since_poll += self._account(began, stepping)
-            yield from self._results(done)
+                    stepped, finished, failed = self._step(running)
+                work_since_poll += self._account(began, stepped)
+                yield from self._results(finished)
+                for owner in failed.owners:
+                    if not owner.reported:
+                        owner.reported = True
+                        yield _empty_result(owner, error=ERROR_INTERNAL)
+        finally:
+            for seq in running:
+                self._pool.release(seq.blocks)
+                seq.blocks = []
 
     def _account(self, began: float, sequences: list[_Sequence]) -> float:
         spent = time.perf_counter() - began
+        if not sequences:
+            return spent
         self.busy_seconds_total += spent
         share = spent / len(sequences)
         for seq in sequences:
@@ -218,213 +298,432 @@ class Engine:
             or not 0 < p.top_p <= 1
         ):
             return ERROR_INVALID_REQUEST
-        if len(request.prompt_ids) + p.max_new_tokens > self.context_length:
+        total = len(request.prompt_ids) + p.max_new_tokens
+        if total > self.context_length:
+            return ERROR_CONTEXT_LENGTH
+        # Each choice may need its own blocks for the whole context; more than the memory holds
+        # could never finish.
+        if math.ceil(total / self.block_size) * p.n > self._pool.num_blocks - 1:
             return ERROR_CONTEXT_LENGTH
         return None
 
     def _abort(
-        self, store: SlotKV, rows: list[_Sequence], waiting: deque[_Request], ids: frozenset[str]
+        self, running: list[_Sequence], waiting: deque[_Request], ids: frozenset[str]
     ) -> Iterator[GenerationResult]:
         if not ids:
             return
-        owners: dict[int, _Request] = {}
-        for seq in rows:
-            if seq.owner.request.id in ids:
-                owners[id(seq.owner)] = seq.owner
-        with torch.inference_mode():  # the store's buffers are inference tensors
-            self._retire(store, rows, {i for i, s in enumerate(rows) if id(s.owner) in owners})
+        owners: list[_Request] = []
+        for seq in running:
+            if seq.owner.request.id in ids and seq.owner not in owners:
+                owners.append(seq.owner)
+        self._drop(running, owners)
         for request in [r for r in waiting if r.request.id in ids]:
             waiting.remove(request)
-            owners[id(request)] = request
-        for owner in owners.values():
+            owners.append(request)
+        for owner in owners:
+            owner.reported = True
             yield _empty_result(owner, aborted=True)
 
-    # -- admission: prefill joining requests into free rows ----------------------------------
+    def _drop(self, running: list[_Sequence], owners: list[_Request]) -> None:
+        """Take every sequence of these requests out of flight, releasing their blocks."""
+        if not owners:
+            return
+        keep = []
+        for seq in running:
+            if seq.owner in owners:
+                self._pool.release(seq.blocks)
+                seq.blocks = []
+            else:
+                keep.append(seq)
+        running[:] = keep
+
+    # -- admission --------------------------------------------------------------------------
 
     def _admit(
-        self, store: SlotKV, rows: list[_Sequence], joining: list[_Request]
-    ) -> list[_Sequence]:
-        longest = max(len(r.prompt) for r in joining)
-        if store.write < longest:
-            self._relayout(store, rows, new_write=longest)
-        write = store.write
+        self, running: list[_Sequence], waiting: deque[_Request]
+    ) -> Iterator[GenerationResult]:
+        """Move waiting requests into flight while rows and memory allow, oldest first."""
+        bs = self.block_size
+        # Blocks the sequences already in flight still need for what they have to compute.
+        pending = sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
+        rows = _rows(running)
+        while waiting:
+            request = waiting[0]
+            needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
+            if rows + request.n > self.max_batch_size or (
+                running and self._pool.available - pending < needed
+            ):
+                return
+            waiting.popleft()
+            try:
+                self._order += 1
+                request.order = self._order
+                running.append(self._sequence(request, 0))
+            except Exception as exc:
+                logger.error("request could not be admitted: %s", type(exc).__name__)
+                yield _empty_result(request, error=ERROR_INTERNAL)
+                continue
+            rows += request.n
+            pending += needed
 
-        # Plan: a request copies the longest prefix it shares with a prompt already in the store
-        # or admitted before it here; the others are prefilled together.
-        candidates: list[tuple[list[int], _Sequence | _Request]] = [
-            (s.owner.prompt, s) for s in rows if s.choice == 0
-        ]
-        fresh: list[_Request] = []
-        reusing: list[tuple[_Request, _Sequence | _Request, int]] = []
-        for request in joining:
-            best, source = 0, None
-            for prompt, candidate in candidates:
-                shared = _common_prefix(prompt, request.prompt, len(request.prompt) - 1)
-                if shared > best:
-                    best, source = shared, candidate
-            if source is not None and best >= self.min_prefix_reuse:
-                request.cached_tokens = best
-                reusing.append((request, source, best))
-            else:
-                fresh.append(request)
-            candidates.append((request.prompt, request))
-
-        fresh.sort(key=lambda r: len(r.prompt))
-        first_new = len(rows)
-        for request in fresh + [r for r, _, _ in reusing]:
-            request.primary_row = len(rows)
-            rows.append(self._sequence(request, 0, start=write - len(request.prompt)))
-        logits: dict[int, torch.Tensor] = {}
-
-        chunk: list[_Request] = []
-        for request in fresh:
-            if chunk and (len(chunk) + 1) * len(request.prompt) > self.prefill_chunk_tokens:
-                logits.update(self._prefill(store, chunk))
-                chunk = []
-            chunk.append(request)
-        if chunk:
-            logits.update(self._prefill(store, chunk))
-
-        for request, source, shared in reusing:
-            src = source if isinstance(source, _Sequence) else rows[source.primary_row]
-            seq = rows[request.primary_row]
-            store.copy_columns(
-                src=rows.index(src),
-                dst=request.primary_row,
-                lo=src.start,
-                hi=src.start + shared,
-                to=seq.start,
-            )
-            logits[id(request)] = self._extend(
-                store, request.primary_row, seq.start, shared, request.prompt
-            )
-
-        for request in joining:
-            for choice in range(1, request.n):
-                seq = self._sequence(request, choice, start=write - len(request.prompt))
-                store.copy_columns(
-                    src=request.primary_row, dst=len(rows), lo=seq.start, hi=write, to=seq.start
-                )
-                rows.append(seq)
-
-        new = rows[first_new:]
-        batch_logits = torch.stack([logits[id(seq.owner)] for seq in new])
-        tokens = sample(batch_logits, [s.sampling for s in new], [s.tokens for s in new])
-        return self._advance(store, rows, first_new, tokens)
-
-    def _sequence(self, request: _Request, choice: int, *, start: int) -> _Sequence:
+    def _sequence(self, request: _Request, choice: int) -> _Sequence:
         sampling = row_sampling(
             request.request.params,
             choice=choice,
-            eos_ids=sorted(self.eos_token_ids),
+            eos_ids=self._eos_sorted,
             vocab_size=self._vocab_size,
             device=self._device,
         )
-        return _Sequence(owner=request, choice=choice, sampling=sampling, start=start)
+        return _Sequence(owner=request, choice=choice, sampling=sampling)
 
-    def _prefill(self, store: SlotKV, chunk: list[_Request]) -> dict[int, torch.Tensor]:
-        """One forward over whole prompts, left-padded into consecutive rows."""
-        width = max(len(r.prompt) for r in chunk)
-        first = chunk[0].primary_row
-        write = store.write
-        ids = torch.full((len(chunk), width), self._pad_id, dtype=torch.long)
-        positions = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, request in enumerate(chunk):
-            p = len(request.prompt)
-            ids[i, width - p :] = torch.tensor(request.prompt)
-            positions[i, width - p :] = torch.arange(p)
-        pad = width - torch.tensor([len(r.prompt) for r in chunk])
-        q = torch.arange(width)
-        allowed = (q[None, :] <= q[:, None])[None] & (q[None, None, :] >= pad[:, None, None])
-        # A padding query sees itself only: a fully masked row would produce NaN with eager.
-        allowed |= torch.eye(width, dtype=torch.bool)[None]
-        cache = store.window(
-            rows=(first, first + len(chunk)), past=write - width, write_at=write - width
+    # -- one step ---------------------------------------------------------------------------
+
+    def _step(self, running: list[_Sequence]) -> tuple[list[_Sequence], list[_Sequence], _Failed]:
+        """Schedule, run and sample one step. Returns the sequences that took part, those
+        that finished and the requests that failed (already out of flight)."""
+        failed = _Failed()
+        while True:
+            work = self._schedule(running)
+            try:
+                logits = self._run(work, failed)
+                break
+            except torch.OutOfMemoryError:
+                if len(work) <= 1 and sum(t for _, t in work) <= 1:
+                    for seq, _ in work:
+                        failed.add(seq.owner)
+                    self._drop(running, failed.owners)
+                    return [s for s, _ in work], [], failed
+                logger.warning("out of memory in a step of %d sequences; halving", len(work))
+                self._step_rows = max(1, len(work) // 2)
+                self._step_tokens = max(1, sum(t for _, t in work) // 2)
+                if self._device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+        stepped = [seq for seq, _ in work]
+        sampled: list[_Sequence] = []
+        rows: list[torch.Tensor] = []
+        for (seq, take), row in zip(work, logits, strict=True):
+            if seq.owner in failed.owners:
+                continue
+            seq.computed += take
+            self._seal_blocks(seq)
+            if seq.computed < seq.length or row is None:
+                continue
+            sampled.append(seq)
+            rows.append(row)
+            if seq.choice == 0 and seq.owner.n > 1 and not seq.owner.forked:
+                try:
+                    forks = self._fork(seq)
+                except Exception as exc:
+                    logger.error("choices could not be forked: %s", type(exc).__name__)
+                    failed.add(seq.owner)
+                    continue
+                running.extend(forks)
+                sampled.extend(forks)
+                rows.extend([row] * len(forks))
+        self._drop(running, failed.owners)
+        keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
+        sampled = [sampled[i] for i in keep]
+        if not sampled:
+            return stepped, [], failed
+        tokens = self._sample(torch.stack([rows[i] for i in keep]), sampled, failed)
+        finished = self._advance(running, sampled, tokens, failed)
+        self._drop(running, failed.owners)
+        return stepped, finished, failed
+
+    def _schedule(self, running: list[_Sequence]) -> list[tuple[_Sequence, int]]:
+        """Pick (sequence, tokens to compute) for this step, reserving their blocks."""
+        budget = self._step_tokens
+        limit = self._step_rows
+        # Decoding sequences first (one token each), oldest first; preempt the youngest when
+        # their new blocks do not fit.
+        decoding = [s for s in running if s.length - s.computed == 1][: min(budget, limit)]
+        while True:
+            short = sum(1 for s in decoding if self._blocks_needed(s, 1)) - self._pool.available
+            if short <= 0:
+                break
+            victim = self._youngest_holder(running)
+            if victim is None or (victim in decoding and len(decoding) == 1):
+                break
+            self._preempt(victim)
+            if victim in decoding:
+                decoding.remove(victim)
+        work: list[tuple[_Sequence, int]] = []
+        for seq in decoding:
+            if self._grow(seq, 1):
+                work.append((seq, 1))
+        budget -= len(work)
+        for seq in sorted(running, key=_age):
+            if budget <= 0 or len(work) >= limit:
+                break
+            if seq.length - seq.computed <= 1:
+                continue
+            if self.prefix_cache:
+                self._reuse_cached(seq)
+            take = self._grow(seq, min(seq.length - seq.computed, budget))
+            if take:
+                work.append((seq, take))
+                budget -= take
+        if not work:
+            # Every sequence is waiting for memory: free the youngest and go on with the rest.
+            victim = self._youngest_holder(running)
+            if victim is not None and victim is not min(running, key=_age):
+                self._preempt(victim)
+                return self._schedule(running)
+            raise RuntimeError("no sequence can be scheduled")  # cannot happen: see _invalid
+        return work
+
+    def _blocks_needed(self, seq: _Sequence, tokens: int) -> int:
+        bs = self.block_size
+        needed = max(0, math.ceil((seq.computed + tokens) / bs) - len(seq.blocks))
+        if seq.computed % bs and self._pool.refs[seq.blocks[seq.computed // bs]] > 1:
+            needed += 1  # copy on write
+        return needed
+
+    def _grow(self, seq: _Sequence, want: int) -> int:
+        """Reserve blocks for the next `want` tokens of `seq`; returns how many fit."""
+        pool, bs = self._pool, self.block_size
+        start = seq.computed
+        if start % bs:
+            index = start // bs
+            shared = seq.blocks[index]
+            if pool.refs[shared] > 1:
+                own = pool.allocate()
+                if own is None:
+                    return 0
+                pool.copy_block(src=shared, dst=own, tokens=start % bs)
+                pool.release([shared])
+                seq.blocks[index] = own
+        while len(seq.blocks) * bs < start + want:
+            block = pool.allocate()
+            if block is None:
+                break
+            seq.blocks.append(block)
+        return max(0, min(want, len(seq.blocks) * bs - start))
+
+    def _reuse_cached(self, seq: _Sequence) -> None:
+        """Take cached blocks for the next full blocks of the sequence, as far as they match
+        (leaving at least one token to compute, whose logits are needed)."""
+        bs = self.block_size
+        if seq.computed % bs or len(seq.blocks) * bs != seq.computed:
+            return
+        scope = seq.owner.request.cache_scope
+        counts_as_cached = not seq.tokens and seq.choice == 0
+        while seq.computed + bs <= seq.length - 1:
+            parent = seq.digests[-1] if seq.digests else b""
+            digest = block_digest(parent, scope, seq.span(seq.computed, seq.computed + bs))
+            block = self._pool.lookup(digest)
+            if block is None:
+                return
+            seq.blocks.append(block)
+            seq.digests.append(digest)
+            seq.computed += bs
+            if counts_as_cached:
+                seq.owner.cached_tokens += bs
+
+    def _seal_blocks(self, seq: _Sequence) -> None:
+        """Hash the blocks that became full and offer them to the prefix cache."""
+        bs = self.block_size
+        scope = seq.owner.request.cache_scope
+        while len(seq.digests) < seq.computed // bs:
+            i = len(seq.digests)
+            parent = seq.digests[-1] if seq.digests else b""
+            digest = block_digest(parent, scope, seq.span(i * bs, (i + 1) * bs))
+            seq.digests.append(digest)
+            if self.prefix_cache:
+                self._pool.register(seq.blocks[i], digest)
+
+    def _youngest_holder(self, running: list[_Sequence]) -> _Sequence | None:
+        holders = [s for s in running if s.blocks]
+        return max(holders, key=_age) if holders else None
+
+    def _preempt(self, seq: _Sequence) -> None:
+        """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
+        self._pool.release(seq.blocks)
+        seq.blocks, seq.digests, seq.computed = [], [], 0
+
+    def _fork(self, seq: _Sequence) -> list[_Sequence]:
+        """The other n-1 choices of a request, sharing the blocks of its prefilled prompt."""
+        owner = seq.owner
+        owner.forked = True
+        forks = []
+        for choice in range(1, owner.n):
+            fork = self._sequence(owner, choice)
+            for block in seq.blocks:
+                self._pool.share(block)
+            fork.blocks = list(seq.blocks)
+            fork.digests = list(seq.digests)
+            fork.computed = seq.computed
+            forks.append(fork)
+        return forks
+
+    # -- the forward ------------------------------------------------------------------------
+
+    def _run(self, work: list[tuple[_Sequence, int]], failed: _Failed) -> list[torch.Tensor | None]:
+        """Logits of the last computed position of each scheduled sequence (None for one
+        whose forward failed). Decoding rows and prompt pieces run as two forwards, so one
+        token rows are not padded to a prompt piece's length."""
+        logits: list[torch.Tensor | None] = [None] * len(work)
+        for single in (True, False):
+            group = [i for i, (_, take) in enumerate(work) if (take == 1) == single]
+            if not group:
+                continue
+            try:
+                out = self._forward([work[i] for i in group])
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                if len(group) == 1:
+                    logger.error("a sequence's forward failed: %s", type(exc).__name__)
+                    failed.add(work[group[0]][0].owner)
+                    continue
+                # Find the culprit: each sequence alone.
+                for i in group:
+                    try:
+                        logits[i] = self._forward([work[i]])[0]
+                    except torch.OutOfMemoryError:
+                        raise
+                    except Exception as alone:
+                        logger.error("a sequence's forward failed: %s", type(alone).__name__)
+                        failed.add(work[i][0].owner)
+                continue
+            for row, i in enumerate(group):
+                logits[i] = out[row]
+        return logits
+
+    def _forward(self, work: list[tuple[_Sequence, int]]) -> torch.Tensor:
+        """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
+
+        Decoding rows (one token each) run as a `[rows, 1]` batch, each attending to its own
+        context; prompt pieces are packed into one `[1, tokens]` row with a block-diagonal
+        causal mask, so pieces of different lengths cost no padding.
+        """
+        device, bs = self._device, self.block_size
+        takes_list = [take for _, take in work]
+        starts_list = [seq.computed for seq, _ in work]
+        lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
+        width = math.ceil(max(lengths_list) / bs)
+        table = _to(
+            [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work], device
         )
-        out = self._forward(ids, positions, allowed[:, None], cache)
-        return {id(r): out[i] for i, r in enumerate(chunk)}
-
-    def _extend(
-        self, store: SlotKV, row: int, start: int, cached: int, prompt: list[int]
-    ) -> torch.Tensor:
-        """Prefill the part of one prompt after its reused prefix."""
-        p = len(prompt)
-        ids = torch.tensor([prompt[cached:]])
-        positions = torch.arange(cached, p)[None]
-        allowed = torch.arange(p)[None, :] <= torch.arange(cached, p)[:, None]
-        cache = store.window(rows=(row, row + 1), past=start, write_at=start + cached)
-        return self._forward(ids, positions, allowed[None, None], cache)[0]
-
-    # -- decoding ---------------------------------------------------------------------------
-
-    def _decode(self, store: SlotKV, rows: list[_Sequence]) -> list[_Sequence]:
-        if store.write >= store.capacity:
-            self._relayout(store, rows, new_write=0)
-        write = store.write
-        starts = torch.tensor([s.start for s in rows])
-        live_from = int(starts.min())
-        allowed = torch.arange(live_from, write + 1)[None, :] >= starts[:, None]
-        ids = torch.tensor([[s.tokens[-1]] for s in rows])
-        cache = store.window(rows=(0, len(rows)), past=live_from, write_at=write)
-        logits = self._forward(ids, (write - starts)[:, None], allowed[:, None, None], cache)
-        store.write += 1
-        tokens = sample(logits, [s.sampling for s in rows], [s.tokens for s in rows])
-        return self._advance(store, rows, 0, tokens)
-
-    def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        """Last-position logits ([rows, vocab]) of one forward over the cache window."""
-        device = self._device
-        mask = allowed.to(device)
+        lengths = _to(lengths_list, device)
+        if max(takes_list) == 1:
+            ids = _to([[seq.span(seq.computed, seq.computed + 1)[0]] for seq, _ in work], device)
+            k = torch.arange(int(max(lengths_list)), device=device)
+            read = torch.where(k[None, :] < lengths[:, None], table[:, k // bs] * bs + k % bs, 0)
+            positions = (lengths - 1)[:, None]
+            write = table.gather(1, positions // bs) * bs + positions % bs
+            allowed = (k[None, :] < lengths[:, None])[:, None, None, :]
+            keep: int | torch.Tensor = 1
+        else:
+            ids = _to(
+                [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
+                device,
+            )
+            takes, starts = _to(takes_list, device), _to(starts_list, device)
+            rows = torch.arange(len(work), device=device)
+            q_row = rows.repeat_interleave(takes)
+            q_first = torch.cumsum(takes, 0) - takes
+            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
+            k_row = rows.repeat_interleave(lengths)
+            k_first = torch.cumsum(lengths, 0) - lengths
+            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
+            read = (table[k_row, k_pos // bs] * bs + k_pos % bs)[None]
+            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
+            positions = q_pos[None]
+            allowed = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            allowed = allowed[None, None]
+            keep = torch.cumsum(takes, 0) - 1
+        mask: torch.Tensor = allowed
         if self._attention == "eager":
-            mask = torch.zeros(mask.shape, dtype=self._dtype, device=device).masked_fill_(
-                ~mask, torch.finfo(self._dtype).min
+            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
+                ~allowed, torch.finfo(self._dtype).min
             )
         out = self.model(
-            input_ids=ids.to(device),
+            input_ids=ids,
             attention_mask=mask,
-            position_ids=positions.to(device),
-            cache=cache,
+            position_ids=positions,
+            cache=self._cache.point(write=write, read=read),
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
-        logits = out.logits[:, -1, :]
+        logits = out.logits[:, -1, :] if isinstance(keep, int) else out.logits[0]
         if self._vocab_size > self._tokenizer_size:
             # Padded embedding rows have no token behind them.
             logits[:, self._tokenizer_size :] = float("-inf")
         return logits
 
+    # -- sampling and appending -------------------------------------------------------------
+
+    def _sample(
+        self, logits: torch.Tensor, sequences: list[_Sequence], failed: _Failed
+    ) -> list[int | None]:
+        samplings = [s.sampling for s in sequences]
+        histories = [s.tokens for s in sequences]
+        try:
+            return list(sample(logits, samplings, histories))
+        except Exception as exc:
+            logger.warning("batched sampling failed (%s); sampling row by row", type(exc).__name__)
+        tokens: list[int | None] = []
+        for i, seq in enumerate(sequences):  # find the row that raised
+            try:
+                tokens.append(
+                    sample(logits[i : i + 1], samplings[i : i + 1], histories[i : i + 1])[0]
+                )
+            except Exception as exc:
+                logger.error("sampling failed for a sequence: %s", type(exc).__name__)
+                failed.add(seq.owner)
+                tokens.append(None)
+        return tokens
+
     def _advance(
-        self, store: SlotKV, rows: list[_Sequence], first: int, tokens: list[int]
+        self,
+        running: list[_Sequence],
+        sequences: list[_Sequence],
+        tokens: list[int | None],
+        failed: _Failed,
     ) -> list[_Sequence]:
-        """Append each row's new token; retire and return the rows that finished."""
+        """Append each sequence's new token; take out and return those that finished."""
         finished: list[_Sequence] = []
-        dead: set[int] = set()
-        for offset, token in enumerate(tokens):
-            seq = rows[first + offset]
-            seq.tokens.append(token)
-            params = seq.owner.request.params
-            stopped = token in self.eos_token_ids and not params.ignore_eos
-            text = None
-            if not stopped and params.stop:
-                text = self._stopped_text(seq.tokens, params.stop)
-                stopped = text is not None
-            if stopped:
-                reason = FINISH_STOP
-            elif len(seq.tokens) >= params.max_new_tokens:
-                reason = FINISH_LENGTH
-            else:
+        for seq, token in zip(sequences, tokens, strict=True):
+            if token is None or seq.owner in failed.owners:
                 continue
-            if text is None:
-                text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
-            seq.owner.choices[seq.choice] = Choice(
-                index=seq.choice, token_ids=list(seq.tokens), text=text, finish_reason=reason
-            )
-            finished.append(seq)
-            dead.add(first + offset)
-        self._retire(store, rows, dead)
+            try:
+                reason = self._append(seq, token)
+            except Exception as exc:
+                logger.error("a sequence could not be advanced: %s", type(exc).__name__)
+                failed.add(seq.owner)
+                continue
+            if reason is not None:
+                finished.append(seq)
+        if finished:
+            done = set(map(id, finished))
+            for seq in finished:
+                self._pool.release(seq.blocks)
+                seq.blocks = []
+            running[:] = [s for s in running if id(s) not in done]
         return finished
+
+    def _append(self, seq: _Sequence, token: int) -> str | None:
+        seq.tokens.append(token)
+        params = seq.owner.request.params
+        stopped = token in self.eos_token_ids and not params.ignore_eos
+        text = None
+        if not stopped and params.stop:
+            text = self._stopped_text(seq.tokens, params.stop)
+            stopped = text is not None
+        if stopped:
+            reason = FINISH_STOP
+        elif len(seq.tokens) >= params.max_new_tokens:
+            reason = FINISH_LENGTH
+        else:
+            return None
+        if text is None:
+            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        seq.owner.choices[seq.choice] = Choice(
+            index=seq.choice, token_ids=list(seq.tokens), text=text, finish_reason=reason
+        )
+        return reason
 
     def _stopped_text(self, tokens: list[int], stops: tuple[str, ...]) -> str | None:
         """The text cut before the first stop string, if the last token completed one."""
@@ -438,35 +737,19 @@ class Engine:
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return text[: min(cuts)] if cuts else None
 
-    # -- store housekeeping -----------------------------------------------------------------
 
-    def _retire(self, store: SlotKV, rows: list[_Sequence], dead: set[int]) -> None:
-        """Drop rows, filling the holes from the tail so the active rows stay contiguous."""
-        if not dead:
-            return
-        keep = len(rows) - len(dead)
-        holes = sorted(i for i in dead if i < keep)
-        movers = [i for i in range(keep, len(rows)) if i not in dead]
-        if movers:
-            store.move_rows(src=movers, dst=holes, lo=min(rows[i].start for i in movers))
-        for hole, mover in zip(holes, movers, strict=True):
-            rows[hole] = rows[mover]
-        del rows[keep:]
-
-    def _relayout(self, store: SlotKV, rows: list[_Sequence], *, new_write: int) -> None:
-        live_from = min((s.start for s in rows), default=store.write)
-        new_write = max(new_write, store.write - live_from)
-        shift = store.relayout(rows=len(rows), live_from=live_from, new_write=new_write)
-        for seq in rows:
-            seq.start += shift
+def _to(values: list[Any], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+def _age(seq: _Sequence) -> tuple[int, int]:
+    return seq.owner.order, seq.choice
+
+
+def _rows(running: list[_Sequence]) -> int:
+    """Rows held by the requests in flight: n each, forked or not yet."""
+    owners = {id(s.owner): s.owner.n for s in running}
+    return sum(owners.values())
 
 
 def _empty_result(

@@ -1,137 +1,180 @@
-"""The key/value store behind continuous batching.
+"""Paged key/value memory: fixed-size blocks handed out as tokens arrive, and a prefix cache.
 
-Every layer keeps one preallocated tensor `[rows, kv_heads, capacity, head_dim]` for keys and one
-for values. Sequences in flight occupy rows `0..n-1` (a finished row is refilled from the tail,
-so the active rows stay contiguous) and are right-aligned: all of them write their next token at
-the same column `write`, and a row's tokens fill the columns `[start, write)`. Columns left of a
-row's start are padding that its attention mask hides.
+Every layer keeps one tensor of `slots = blocks * block_size` rows of `[kv_heads, head_dim]`
+for keys and one for values, allocated once for the engine's life. A sequence owns a list of
+blocks (its block table); token `i` of the sequence lives in slot
+`table[i // block_size] * block_size + i % block_size`. Blocks are reference counted: the `n`
+choices of a request share the blocks of their prompt, and a full block whose tokens hash to
+one already computed (same tokens, same prefix, same cache scope) is shared instead of
+recomputed. A block written while shared is copied first (copy on write).
 
-So a decode step is one forward over a view of the buffers, writing one column in place, and a
-joining sequence is prefilled straight into a free row: no cache is ever concatenated or
-re-batched as membership changes. When `write` reaches the capacity, the live window is moved
-back to column 0 (or the buffers grow); that copy is rare and amortised.
+When its last holder lets it go, a block with a hash stays in the prefix cache (least recently
+used first out) until its memory is needed; a block without one is free at once.
+
+Block 0 is never handed out: reads past a row's length (masked) point there, and it is zeroed,
+so every slot that enters an attention product holds finite numbers.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-# Free columns kept to the right of the live window after a relayout, so that steps go on
-# for a while before the next one.
-_MIN_HEADROOM = 64
+
+class BlockPool:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        if num_blocks < 2:
+            raise ValueError("the key/value memory must hold at least two blocks")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        slots = num_blocks * block_size
+        # Empty, not zeros: only written slots (and block 0, zeroed here) are ever read.
+        self.keys = [
+            torch.empty((slots, kv_heads, head_dim), dtype=dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        for buf in (*self.keys, *self.values):
+            buf[:block_size].zero_()
+        self.refs = [0] * num_blocks
+        self.free: list[int] = list(range(num_blocks - 1, 0, -1))  # block 0 is the trash
+        self.block_hash: dict[int, bytes] = {}
+        self.by_hash: dict[bytes, int] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+
+    @property
+    def available(self) -> int:
+        """Blocks that can be handed out now (free, or cached and unreferenced)."""
+        return len(self.free) + len(self.evictable)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+    def allocate(self) -> int | None:
+        if self.free:
+            block = self.free.pop()
+        elif self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            del self.by_hash[self.block_hash.pop(block)]
+        else:
+            return None
+        self.refs[block] = 1
+        return block
+
+    def release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                if block in self.block_hash:
+                    self.evictable[block] = None
+                else:
+                    self.free.append(block)
+
+    def share(self, block: int) -> None:
+        if self.refs[block] == 0:
+            del self.evictable[block]
+        self.refs[block] += 1
+
+    def lookup(self, digest: bytes) -> int | None:
+        """A cached block holding exactly this prefix, now referenced by the caller."""
+        block = self.by_hash.get(digest)
+        if block is not None:
+            self.share(block)
+        return block
+
+    def register(self, block: int, digest: bytes) -> None:
+        """Offer a block that just became full to later prompts with the same prefix."""
+        if digest not in self.by_hash and block not in self.block_hash:
+            self.by_hash[digest] = block
+            self.block_hash[block] = digest
+
+    def copy_block(self, *, src: int, dst: int, tokens: int) -> None:
+        bs = self.block_size
+        for buf in (*self.keys, *self.values):
+            buf[dst * bs : dst * bs + tokens] = buf[src * bs : src * bs + tokens]
+
+    def clear_cache(self) -> None:
+        """Forget every cached block (all of them must be unreferenced)."""
+        while self.evictable:
+            block, _ = self.evictable.popitem(last=False)
+            del self.by_hash[self.block_hash.pop(block)]
+            self.free.append(block)
 
 
-class SlotKV:
-    def __init__(self, *, num_layers: int, max_rows: int, max_capacity: int) -> None:
-        self.num_layers = num_layers
-        self.max_rows = max_rows
-        self.max_capacity = max_capacity
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
-        self.capacity = 0
-        self.write = 0  # the column every active row writes next
-        # The window of the next forward: rows [row_lo, row_hi), past columns [past, write_at),
-        # new columns from write_at on.
-        self.row_lo = self.row_hi = self.past = self.write_at = 0
-        self.cache = _WindowCache(self)
-
-    def window(self, *, rows: tuple[int, int], past: int, write_at: int) -> Cache:
-        """Point the cache at a block of rows and columns; return it for `model(cache=...)`."""
-        self.row_lo, self.row_hi = rows
-        self.past, self.write_at = past, write_at
-        return self.cache
-
-    def allocate_layer(self, layer: int, like: torch.Tensor) -> None:
-        # Zeros, not empty: masked columns still enter the attention product with weight 0,
-        # and 0 * NaN from uninitialised memory would poison the row.
-        shape = (self.max_rows, like.shape[1], self.capacity, like.shape[3])
-        self.keys[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        self.values[layer] = torch.zeros(shape, dtype=like.dtype, device=like.device)
-
-    def relayout(self, *, rows: int, live_from: int, new_write: int) -> int:
-        """Move columns `[live_from, write)` of rows `[0, rows)` to end at `new_write`.
-
-        Grows the buffers when `new_write` leaves too little room. Returns the shift applied to
-        every column index (the caller moves its row starts by it).
-        """
-        shift = new_write - self.write
-        new_capacity = self.capacity
-        if self.capacity - new_write < max(_MIN_HEADROOM, new_write // 2):
-            wanted = min(max(2 * new_write, new_write + _MIN_HEADROOM), self.max_capacity)
-            new_capacity = max(self.capacity, wanted, new_write + 1)
-        for store in (self.keys, self.values):
-            for layer, old in enumerate(store):
-                if old is None:
-                    continue
-                live = old[:rows, :, live_from : self.write]
-                if new_capacity != self.capacity:
-                    new = old.new_zeros((old.shape[0], old.shape[1], new_capacity, old.shape[3]))
-                    new[:rows, :, live_from + shift : new_write] = live
-                    store[layer] = new
-                elif shift:
-                    old[:rows, :, live_from + shift : new_write] = live.clone()
-        self.capacity = new_capacity
-        self.write = new_write
-        return shift
-
-    def copy_columns(self, *, src: int, dst: int, lo: int, hi: int, to: int) -> None:
-        """Copy columns `[lo, hi)` of row `src` to row `dst`, starting at column `to`."""
-        for store in (self.keys, self.values):
-            for buf in store:
-                if buf is not None:
-                    buf[dst, :, to : to + hi - lo] = buf[src, :, lo:hi]
-
-    def move_rows(self, *, src: list[int], dst: list[int], lo: int) -> None:
-        """Copy the live columns `[lo, write)` of rows `src` onto rows `dst` (compaction)."""
-        if not src:
-            return
-        for store in (self.keys, self.values):
-            for buf in store:
-                if buf is not None:
-                    src_t = torch.tensor(src, device=buf.device)
-                    dst_t = torch.tensor(dst, device=buf.device)
-                    buf[dst_t, :, lo : self.write] = buf[src_t, :, lo : self.write]
+def block_digest(parent: bytes, scope: str, tokens: list[int]) -> bytes:
+    """Identity of a full block: its tokens, everything before them (via the parent's digest)
+    and the cache scope."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(scope.encode())
+    h.update(b"\0")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
 
 
-class _WindowLayer(DynamicLayer):
-    """One layer's view of the store: writes new keys/values in place, returns the window."""
+class PagedCache(Cache):
+    """What the model's attention layers see during one forward.
 
-    def __init__(self, store: SlotKV, layer: int) -> None:
+    `write` (shaped like the forward's input ids) gives the slot of every new token, `read`
+    (`[rows, keys]`) the slots of the keys each row attends to, padded with 0; the engine
+    passes the matching 4-D mask.
+    """
+
+    def __init__(self, pool: BlockPool) -> None:
+        self.pool = pool
+        self.write = torch.zeros((1, 1), dtype=torch.long)
+        self.read = torch.zeros((1, 1), dtype=torch.long)
+        super().__init__(layers=[_PagedLayer(self, i) for i in range(len(pool.keys))])
+
+    def point(self, *, write: torch.Tensor, read: torch.Tensor) -> PagedCache:
+        self.write, self.read = write, read
+        return self
+
+
+class _PagedLayer(DynamicLayer):
+    def __init__(self, cache: PagedCache, layer: int) -> None:
         super().__init__()
-        self.store = store
+        self.cache = cache
         self.layer = layer
         self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.store
-        if s.keys[self.layer] is None:
-            s.allocate_layer(self.layer, key_states)
-        keys, values = s.keys[self.layer], s.values[self.layer]
-        if keys is None or values is None:
-            raise RuntimeError(f"layer {self.layer} has no buffer after allocation")
-        end = s.write_at + key_states.shape[-2]
-        keys[s.row_lo : s.row_hi, :, s.write_at : end] = key_states
-        values[s.row_lo : s.row_hi, :, s.write_at : end] = value_states
+        pool, cache = self.cache.pool, self.cache
+        keys, values = pool.keys[self.layer], pool.values[self.layer]
+        _, heads, _, dim = key_states.shape
+        slots = cache.write.reshape(-1)
+        keys.index_copy_(0, slots, key_states.transpose(1, 2).reshape(-1, heads, dim))
+        values.index_copy_(0, slots, value_states.transpose(1, 2).reshape(-1, heads, dim))
+        # index_select is several times faster than advanced indexing here.
+        read = cache.read.reshape(-1)
+        shape = (*cache.read.shape, heads, dim)  # [rows, keys, heads, dim]
         return (
-            keys[s.row_lo : s.row_hi, :, s.past : end],
-            values[s.row_lo : s.row_hi, :, s.past : end],
+            keys.index_select(0, read).view(shape).transpose(1, 2).contiguous(),
+            values.index_select(0, read).view(shape).transpose(1, 2).contiguous(),
         )
 
     def get_seq_length(self) -> int:
-        return self.store.write_at - self.store.past
+        return 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
+        return int(self.cache.read.shape[1]), 0
 
     def get_max_length(self) -> int:
         return -1
-
-
-class _WindowCache(Cache):
-    def __init__(self, store: SlotKV) -> None:
-        super().__init__(layers=[_WindowLayer(store, i) for i in range(store.num_layers)])

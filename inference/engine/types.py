@@ -9,6 +9,9 @@ FINISH_LENGTH = "length"
 
 ERROR_CONTEXT_LENGTH = "context_length_exceeded"
 ERROR_INVALID_REQUEST = "invalid_request"
+# Something failed inside the engine for this request only (its prompt, sampling or decoding
+# raised); the other requests in flight were not affected.
+ERROR_INTERNAL = "internal_error"
 
 
 @dataclass
@@ -32,6 +35,10 @@ class GenerationRequest:
     id: str  # opaque, echoed back
     prompt_ids: list[int]
     params: SamplingParams
+    # Keys and values computed for one request are reused only by requests of the same scope
+    # (the worker sets the organization and deployment), so no tenant can probe another's
+    # prompts through cache hits or timing.
+    cache_scope: str = ""
 
 
 @dataclass
@@ -48,9 +55,9 @@ class GenerationResult:
     choices: list[Choice]  # n choices in index order; empty when aborted or in error
     prompt_tokens: int
     completion_tokens: int  # sum over choices
-    cached_tokens: int  # prompt tokens whose keys and values were reused from another request
+    cached_tokens: int  # prompt tokens whose keys and values were served from the prefix cache
     # This request's share of engine busy time: each forward step's wall time is split equally
     # among the sequences in that step, so the shares of all results add up to the busy time.
     busy_seconds: float
     aborted: bool = False
-    error: str | None = None  # ERROR_CONTEXT_LENGTH | ERROR_INVALID_REQUEST
+    error: str | None = None  # ERROR_CONTEXT_LENGTH | ERROR_INVALID_REQUEST | ERROR_INTERNAL

@@ -175,7 +175,7 @@ def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> Non
     third = prompt(tokenizer, "Unrelated.", system=None)
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared >= 32
-    # Two rows: "second" joins while "first" is still running and copies its prefix from it.
+    # Two rows: "second" joins while "first" is still running and reads its prefix's blocks.
     engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
 
     results = run(
@@ -188,11 +188,31 @@ def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> Non
         ],
     )
 
+    block = engine.block_size  # the cache serves whole blocks of tokens
     assert results["first"].cached_tokens == 0
-    assert results["second"].cached_tokens == shared
-    assert results["again"].cached_tokens == len(first) - 1
+    assert results["second"].cached_tokens == shared // block * block
+    assert results["again"].cached_tokens == (len(first) - 1) // block * block
     assert results["second"].choices[0].token_ids == reference(model, second, 8)
     assert results["again"].choices[0].token_ids == reference(model, first, 6)
+
+
+def test_prefix_reuse_never_crosses_cache_scopes(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("org-a", ids, greedy(12), cache_scope="org-a"),
+            GenerationRequest("org-b", ids, greedy(4), cache_scope="org-b"),
+            GenerationRequest("org-a-again", ids, greedy(4), cache_scope="org-a"),
+        ],
+    )
+
+    assert results["org-a"].cached_tokens == 0
+    assert results["org-b"].cached_tokens == 0  # same prompt, other scope: computed afresh
+    assert results["org-a-again"].cached_tokens > 0
+    assert results["org-b"].choices[0].token_ids == reference(model, ids, 4)
 
 
 def test_n_choices_share_one_prefill(model, tokenizer) -> None:
@@ -420,3 +440,159 @@ def test_engine_package_does_not_import_django() -> None:
         "assert not leaked, leaked\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)
+
+
+def test_a_request_whose_forward_raises_fails_alone(model, tokenizer) -> None:
+    good = [prompt(tokenizer, f"Question number {i}?") for i in range(3)]
+    poison = 599  # a token id that only the bad prompt carries
+    bad = [*prompt(tokenizer, "Poisoned."), poison, *prompt(tokenizer, "More.")]
+    assert all(poison not in p for p in good)
+
+    def explode(module, args):
+        ids = args[0]
+        if ids.shape[1] > 1 and bool((ids == poison).any()):
+            raise ValueError("injected failure")
+
+    hook = model.get_input_embeddings().register_forward_pre_hook(explode)
+    try:
+        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+        results = run(
+            engine,
+            [
+                GenerationRequest("g0", good[0], greedy(8)),
+                GenerationRequest("bad", bad, greedy(8)),
+                GenerationRequest("g1", good[1], greedy(8)),
+                GenerationRequest("g2", good[2], greedy(8)),
+            ],
+        )
+    finally:
+        hook.remove()
+
+    assert results["bad"].error == "internal_error"
+    assert results["bad"].choices == [] and results["bad"].completion_tokens == 0
+    for i, p in enumerate(good):
+        assert results[f"g{i}"].error is None
+        assert results[f"g{i}"].choices[0].token_ids == reference(model, p, 8)
+    assert sum(r.busy_seconds for r in results.values()) == pytest.approx(
+        engine.busy_seconds_total, rel=1e-9
+    )
+
+
+def test_a_request_whose_decoding_raises_fails_alone(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    others = [prompt(tokenizer, f"Another question, {i}.") for i in range(2)]
+    expected = [reference(model, p, 10) for p in others]
+    cursed = next(t for t in range(100, 600) if all(t not in e for e in expected))
+
+    class Flaky:
+        """The real tokenizer, except that decoding the cursed token raises."""
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def __len__(self) -> int:
+            return len(tokenizer)
+
+        def decode(self, tokens, **options):
+            if cursed in tokens:
+                raise RuntimeError("injected failure")
+            return tokenizer.decode(tokens, **options)
+
+    engine = Engine(model, Flaky(), context_length=2048, max_batch_size=3)
+    results = run(
+        engine,
+        [
+            GenerationRequest("o0", others[0], greedy(10)),
+            GenerationRequest("bad", ids, greedy(10, logit_bias={cursed: 100.0}, stop=("q",))),
+            GenerationRequest("o1", others[1], greedy(10)),
+        ],
+    )
+
+    assert results["bad"].error == "internal_error" and results["bad"].choices == []
+    for i, e in enumerate(expected):
+        assert results[f"o{i}"].choices[0].token_ids == e
+
+
+def test_out_of_memory_shrinks_the_step_and_everything_completes(model, tokenizer) -> None:
+    prompts = [prompt(tokenizer, f"Tell me about item {i}.") for i in range(6)]
+    raised = 0
+
+    def too_big(module, args):
+        nonlocal raised
+        if args[0].shape[0] > 2:  # more than two rows in one forward does not fit
+            raised += 1
+            raise torch.OutOfMemoryError("injected: out of memory")
+
+    hook = model.get_input_embeddings().register_forward_pre_hook(too_big)
+    try:
+        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+        results = run(
+            engine, [GenerationRequest(str(i), p, greedy(12)) for i, p in enumerate(prompts)]
+        )
+    finally:
+        hook.remove()
+
+    assert raised > 0
+    for i, p in enumerate(prompts):
+        assert results[str(i)].error is None
+        assert results[str(i)].choices[0].token_ids == reference(model, p, 12)
+
+
+def test_a_batch_larger_than_the_kv_memory_completes(model, tokenizer) -> None:
+    prompts = [prompt(tokenizer, f"Describe the colour number {i}, please.") for i in range(6)]
+    engine = Engine(
+        model, tokenizer, context_length=2048, max_batch_size=4, block_size=16, max_num_blocks=14
+    )
+    budget = 60
+    total_blocks = sum(-(-(len(p) + budget) // 16) for p in prompts)
+    assert total_blocks > 2 * engine._pool.num_blocks  # far more than fits at once
+
+    results = run(
+        engine, [GenerationRequest(str(i), p, greedy(budget)) for i, p in enumerate(prompts)]
+    )
+
+    for i, p in enumerate(prompts):
+        assert results[str(i)].error is None, results[str(i)].error
+        assert results[str(i)].choices[0].token_ids == reference(model, p, budget)
+    assert engine._pool.available == engine._pool.num_blocks - 1  # every block came back
+
+
+def test_a_request_that_could_never_fit_is_refused_not_run(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "Hello")
+    engine = Engine(model, tokenizer, context_length=2048, max_num_blocks=4, block_size=16)
+
+    result = run(engine, [GenerationRequest("big", ids, greedy(100))])["big"]
+
+    assert result.error == "context_length_exceeded" and result.choices == []
+
+
+def test_long_prompts_are_prefilled_in_chunks_beside_decoding_rows(model, tokenizer) -> None:
+    short = prompt(tokenizer, "Hi.")
+    long = prompt(tokenizer, "A long question about many things, " * 12)
+    assert len(long) > 4 * 16
+    # A budget of 16 tokens a step: the long prompt takes several steps while "short" decodes.
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2, max_step_tokens=16)
+
+    results = run(
+        engine,
+        [GenerationRequest("short", short, greedy(30)), GenerationRequest("long", long, greedy(5))],
+    )
+
+    assert results["short"].choices[0].token_ids == reference(model, short, 30)
+    assert results["long"].choices[0].token_ids == reference(model, long, 5)
+
+
+def test_prefix_cache_outlives_its_request_and_can_be_turned_off(model, tokenizer) -> None:
+    ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
+    other = prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM)
+    cached = Engine(model, tokenizer, context_length=2048)
+    uncached = Engine(model, tokenizer, context_length=2048, prefix_cache=False)
+
+    for engine in (cached, uncached):
+        run(engine, [GenerationRequest("first", ids, greedy(3))])  # a call of its own, ended
+    later = run(cached, [GenerationRequest("later", other, greedy(6))])["later"]
+    fresh = run(uncached, [GenerationRequest("later", other, greedy(6))])["later"]
+
+    assert later.cached_tokens >= 32
+    assert fresh.cached_tokens == 0
+    assert later.choices[0].token_ids == fresh.choices[0].token_ids == reference(model, other, 6)
