@@ -16,8 +16,10 @@ from .report import (
     Resolver,
     ValidationReport,
 )
+from .shape import MAX_LINE_VALUES, duplicate_key_field, has_duplicate_keys, too_many_values
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+
 # A model name is shown back in messages only when it looks like one.
 _PLAIN_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@\-]{0,127}")
 
@@ -111,18 +113,41 @@ class InputValidator:
         if line.length == 0:
             self._error(number, "", "blank_line", f"Line {number}: remove the blank line")
             return
+        data = line.data
+        # A line within one read is a view of it; a copy of at most a read lets bytes methods run.
+        text = data if isinstance(data, bytearray) else bytes(data)
+        if too_many_values(text):
+            self._error(
+                number,
+                "",
+                "too_many_values",
+                f"Line {number}: the line holds more than {MAX_LINE_VALUES} JSON values; a "
+                "request needs far fewer",
+            )
+            return
         try:
-            obj = orjson.loads(line.data)
+            obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            self._parse_error(number, line.offset, line.data, exc)
+            self._parse_error(number, line.offset, data, exc)
             return
         if type(obj) is not dict:
             self._error(
                 number, "", "not_an_object", f"Line {number}: the line must be a JSON object"
             )
             return
+        if has_duplicate_keys(text, obj):
+            # orjson keeps the last of duplicate keys; which one a client meant is unknowable.
+            field = duplicate_key_field(text)
+            shown = field or "a key"
+            self._error(
+                number,
+                field,
+                "duplicate_key",
+                f"Line {number}: {shown} appears twice in one object; keep only one",
+            )
+            return
 
-        problems = rules.Problems()
+        problems = rules.Problems(keep=max(0, self._max_errors - len(self._errors)))
         custom_id, body = rules.check_envelope(obj, problems)
         if custom_id is not None:
             earlier = self._custom_ids.setdefault(custom_id, number)
@@ -141,7 +166,9 @@ class InputValidator:
 
         for field, code, message in problems:
             self._error(number, field, code, f"Line {number}: {message}")
-        if not problems and custom_id is not None and counts is not None:
+        # The problems not kept are counted, never built into the report.
+        self._error_count += problems.total - len(problems)
+        if not problems.total and custom_id is not None and counts is not None:
             max_tokens, n = counts
             self._lines.append(
                 LineInfo(
