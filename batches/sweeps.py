@@ -20,6 +20,7 @@ from batches.lifecycle import (
 from batches.models import Batch, BatchItem
 from batches.retention import retention_sweep
 from boardwalk import clock
+from boardwalk.metrics import counter_inc
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class SweepReport:
 def sweep_work() -> SweepReport:
     report = SweepReport()
     report.requeued, report.failed = leases_recover()
+    counter_inc("boardwalk_lease_recoveries_total", {"outcome": "requeued"}, by=report.requeued)
+    counter_inc("boardwalk_lease_recoveries_total", {"outcome": "failed"}, by=report.failed)
     for batch in Batch.objects.filter(
         status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
     ):

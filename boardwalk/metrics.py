@@ -29,7 +29,7 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 # Counters every deployment exposes, with their help text, even before the first increment.
 COUNTERS: dict[str, str] = {
-    "boardwalk_lease_recoveries_total": "Items whose lease expired and were re-queued.",
+    "boardwalk_lease_recoveries_total": "Expired leases recovered (outcome: requeued or failed).",
     "boardwalk_webhook_failures_total": "Webhook deliveries that failed (any attempt).",
     "boardwalk_fetch_failures_total": "Media fetches (image URLs) that failed.",
 }
