@@ -67,7 +67,11 @@ class RequestLimitsMiddleware:
         return None
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if isinstance(exception, TimeoutError):
+        # Django re-raises a failed body read as UnreadablePostError, from the original error.
+        cause: BaseException | None = exception
+        while cause is not None and not isinstance(cause, TimeoutError):
+            cause = cause.__cause__
+        if cause is not None:
             return render_plain(
                 RequestTimeout(
                     "The request body arrived too slowly; send it again on a faster connection."

@@ -110,3 +110,23 @@ def test_idempotency_key_that_is_not_utf8_is_refused(api: Api):
     response = api.post("/v1/batches", _submission(), HTTP_IDEMPOTENCY_KEY="\xff\xfe")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_idempotency_key"
+
+
+def test_a_body_read_that_times_out_is_408_not_500(api: Api):
+    class Stalled:
+        def read(self, *args: Any) -> bytes:
+            raise TimeoutError("request body slower than 4096 bytes/s on average")
+
+        readline = read
+
+    response = api.client.generic(
+        "POST",
+        "/v1/batches/estimate",
+        b"{}",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api.key}",
+        **{"wsgi.input": Stalled()},
+    )
+    assert response.status_code == 408
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert "x-should-retry" not in response
