@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +182,7 @@ def _start(kind: str, env: dict[str, str], port: int) -> subprocess.Popen[bytes]
         command = [
             sys.executable, "-m", "gunicorn", "boardwalk.wsgi:application",
             "--worker-class", "gthread", "--workers", "1", "--threads", "8",
-            "--timeout", "300", "--bind", f"127.0.0.1:{port}", "--control-socket-disable",
+            "--timeout", "300", "--bind", f"127.0.0.1:{port}", "--no-control-socket",
         ]  # fmt: skip
     process = subprocess.Popen(
         command,
@@ -231,8 +232,7 @@ def _measure(port: int, request: bytes, samples: int) -> dict[str, float | int]:
     }
 
 
-def slow_clients(samples: int) -> list[tuple[str, str, dict[str, float | int]]]:
-    results = []
+def slow_clients(samples: int) -> Iterator[tuple[str, str, dict[str, float | int]]]:
     with tempfile.TemporaryDirectory(prefix="bw-resilience-") as tmp:
         env = _env(Path(tmp))
         subprocess.run(
@@ -252,18 +252,13 @@ def slow_clients(samples: int) -> list[tuple[str, str, dict[str, float | int]]]:
             try:
                 _measure(port, _healthz_request(), 5)  # warm-up
                 _measure(port, upload, 3)
-                quiet = _measure(port, _healthz_request(), samples)
-                results.append((kind, "healthz, quiet", quiet))
-                results.append((kind, "upload, quiet", _measure(port, upload, samples // 4)))
+                yield kind, "healthz, quiet", _measure(port, _healthz_request(), samples)
+                yield kind, "upload, quiet", _measure(port, upload, samples // 4)
                 with Attack(port, demo["api_key"]):
-                    results.append(
-                        (kind, "healthz, attacked", _measure(port, _healthz_request(), samples))
-                    )
-                    results.append((kind, "upload, attacked", _measure(port, upload, samples // 4)))
+                    yield kind, "healthz, attacked", _measure(port, _healthz_request(), samples)
+                    yield kind, "upload, attacked", _measure(port, upload, samples // 4)
             finally:
                 _stop(process)
-            print(f"  {kind}: done", file=sys.stderr, flush=True)
-    return results
 
 
 # -- validation memory ----------------------------------------------------------------------
@@ -374,7 +369,10 @@ def main() -> None:
         for kind, label, stats in slow_clients(args.samples):
             p50 = f"{stats['p50_ms']:9.1f}" if "p50_ms" in stats else f"{'-':>9}"
             p99 = f"{stats['p99_ms']:9.1f}" if "p99_ms" in stats else f"{'-':>9}"
-            print(f"{kind:<10} {label:<18} {stats['ok']:>4} {stats['failed']:>6} {p50} {p99}")
+            print(
+                f"{kind:<10} {label:<18} {stats['ok']:>4} {stats['failed']:>6} {p50} {p99}",
+                flush=True,
+            )
 
     print(f"\nValidating one {LINE_BYTES // 2**20} MiB line of {ITEMS:,} invalid messages items")
     print(

@@ -200,5 +200,7 @@ class BoundedThreadWorker(ThreadWorker):
             except OSError:
                 return False
             conn.parser.unreader.unread(prefetched)
-        conn.sock.begin_request()
+        begin = getattr(conn.sock, "begin_request", None)  # absent once wrapped in TLS
+        if begin is not None:
+            begin()
         return super().handle(conn)

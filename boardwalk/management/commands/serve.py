@@ -63,6 +63,8 @@ class Command(BaseCommand):
             "limit_request_line": 8190,
             "limit_request_fields": 100,
             "limit_request_field_size": 8190,
+            # gunicorn's control socket lives at one fixed path per user; not needed here.
+            "control_socket_disable": True,
             "accesslog": "-",
             "access_log_format": '%(h)s "%(r)s" %(s)s %(b)s %(L)ss',
             "post_worker_init": _start_embedded_worker if embedded else None,
