@@ -48,19 +48,18 @@ class RequestLimitsMiddleware:
     def process_view(
         self, request: HttpRequest, view: Any, args: Any, kwargs: Any
     ) -> HttpResponse | None:
-        raw = request.META.get("CONTENT_LENGTH") or "0"
-        if not raw.isdigit() or len(raw) > 18:
+        raw = (request.META.get("CONTENT_LENGTH") or "0").strip()
+        if not raw.isascii() or not raw.isdigit():
             return render_plain(
                 InvalidRequest("The Content-Length header is not a number.", code="bad_request")
             )
         if getattr(getattr(view, "cls", None), "reads_own_body", False):
             return None
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        if int(raw) > limit:
+        if len(raw.lstrip("0")) > 18 or int(raw) > limit:
             return render_plain(
                 PayloadTooLarge(
-                    f"The request body is {int(raw)} bytes; this endpoint accepts at most "
-                    f"{limit} bytes.",
+                    f"The request body is larger than this endpoint accepts ({limit} bytes).",
                     code="request_too_large",
                 )
             )
