@@ -34,13 +34,27 @@ def check_key(raw: str | None) -> str:
             code="missing_idempotency_key",
             param="Idempotency-Key",
         )
-    if not 1 <= len(raw.encode()) <= 256:
+    # WSGI hands header values over as latin-1 text of the raw bytes; the limit is on the
+    # bytes the client sent, and the key is the UTF-8 text they spell.
+    try:
+        sent = raw.encode("latin-1")
+    except UnicodeEncodeError:  # already decoded text (not from a WSGI server)
+        sent = raw.encode()
+    try:
+        key = sent.decode("utf-8")
+    except UnicodeDecodeError:
         raise InvalidRequest(
-            "Idempotency-Key must be 1 to 256 bytes.",
+            "Idempotency-Key must be UTF-8 text.",
+            code="invalid_idempotency_key",
+            param="Idempotency-Key",
+        ) from None
+    if not 1 <= len(sent) <= 256:
+        raise InvalidRequest(
+            f"Idempotency-Key must be 1 to 256 bytes in UTF-8; it is {len(sent)}.",
             code="invalid_idempotency_key",
             param="Idempotency-Key",
         )
-    return raw
+    return key
 
 
 def request_hash(body: dict) -> str:

@@ -21,6 +21,7 @@ from batches.lifecycle import (
 from batches.models import Batch, BatchItem
 from batches.retention import RetentionReport, retention_sweep
 from boardwalk import clock
+from boardwalk.metrics import counter_inc
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ def sweep_work(*, only: Collection[str] = SWEEP_KINDS) -> SweepReport:
     report = SweepReport()
     if LEASES in only:
         report.requeued, report.failed = leases_recover()
+        counter_inc("boardwalk_lease_recoveries_total", {"outcome": "requeued"}, by=report.requeued)
+        counter_inc("boardwalk_lease_recoveries_total", {"outcome": "failed"}, by=report.failed)
     if EXPIRY in only:
         for batch in Batch.objects.filter(
             status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()

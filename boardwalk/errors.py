@@ -28,7 +28,10 @@ _TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "invalid_request_error",
+    411: "invalid_request_error",
+    412: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     416: "invalid_request_error",
@@ -72,6 +75,11 @@ class InvalidRequest(BoardwalkError):
 class AuthenticationError(BoardwalkError):
     status = 401
     code = "invalid_api_key"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # RFC 9110 §11.6.1: a 401 names the scheme that would work.
+        self.headers.setdefault("WWW-Authenticate", 'Bearer realm="boardwalk"')
 
 
 class ScopeError(BoardwalkError):
@@ -198,6 +206,12 @@ def _first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, 
 def render(error: BoardwalkError) -> Response:
     headers = {**retry_headers(error.status), **error.headers}
     return Response(error.envelope(), status=error.status, headers=headers)
+
+
+def render_plain(error: BoardwalkError) -> JsonResponse:
+    """The envelope as a plain Django response, for middleware (outside DRF's rendering)."""
+    headers = {**retry_headers(error.status), **error.headers}
+    return JsonResponse(error.envelope(), status=error.status, headers=headers)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

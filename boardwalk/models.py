@@ -48,3 +48,22 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class MetricCounter(models.Model):
+    """A monotonic counter of `boardwalk.metrics`, shared by every process through the database.
+
+    `labels` is the canonical `k="v",…` text of the label set (never tenant ids or content).
+    """
+
+    name = models.CharField(max_length=100)
+    labels = models.CharField(max_length=200, blank=True, default="")
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name", "labels"], name="metric_counter_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{{{self.labels}}} {self.value}"

@@ -1,4 +1,4 @@
-"""Secrets for the embedded default, generated once into the data directory.
+"""Secrets for the embedded default, generated once into the data directory (0700).
 
 Production passes BOARDWALK_MASTER_KEYS and BOARDWALK_API_KEY_PEPPER in the environment and
 never touches this file. The embedded mode must work with zero configuration, yet must not
@@ -14,11 +14,29 @@ import secrets
 from pathlib import Path
 
 
+def private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) for this user only (0700); an existing one is kept."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)  # mkdir's mode goes through the umask
+
+
+def private_file(path: Path) -> None:
+    """Create `path` empty with mode 0600 unless it exists; tighten an existing one of ours."""
+    private_dir(path.parent)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        info = path.stat()
+        if info.st_mode & 0o077 and info.st_uid == os.getuid():
+            path.chmod(0o600)
+
+
 def load_or_create(data_dir: Path) -> dict[str, str]:
     path = data_dir / "secrets.json"
     if path.exists():
         return json.loads(path.read_text())
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)
     values = {
         "master_keys": "k1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
         "api_key_pepper": secrets.token_urlsafe(32),

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from boardwalk import secrets_store
-from boardwalk.env import env_bool, env_int, env_list, env_path, env_str
+from boardwalk.env import env_bool, env_float, env_int, env_list, env_path, env_str
 
 # Models load from local files only: nothing may download weights at run time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,19 +24,42 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = env_path("BOARDWALK_DATA_DIR", BASE_DIR / "var")
 
+# Any production service configured means production: then secrets must come from the
+# environment. Inventing them per machine (or per container start) would make files
+# unreadable on the other machines and API keys invalid (issue 7).
+PRODUCTION = bool(env_str("DATABASE_URL") or env_str("REDIS_URL") or env_str("BOARDWALK_S3_BUCKET"))
 _embedded_secrets = None
+_missing_secrets: list[str] = []
 
 
-def _embedded(name: str) -> str:
+def _secret(variable: str, embedded_name: str) -> str:
     global _embedded_secrets
+    value = env_str(variable)
+    if value:
+        return value
+    if PRODUCTION:
+        _missing_secrets.append(variable)
+        return ""
     if _embedded_secrets is None:
         _embedded_secrets = secrets_store.load_or_create(DATA_DIR)
-    return _embedded_secrets[name]
+    return _embedded_secrets[embedded_name]
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _embedded("django_secret_key")
+SECRET_KEY = _secret("DJANGO_SECRET_KEY", "django_secret_key")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+# Behind a TLS-terminating proxy that sets X-Forwarded-Proto (docs/DEPLOYMENT.md).
+if env_bool("BOARDWALK_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # Load balancers probe over plain HTTP.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("BOARDWALK_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("BOARDWALK_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("BOARDWALK_HSTS_PRELOAD", True)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -53,6 +77,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: refuses oversized or chunked bodies before anything reads them.
+    "boardwalk.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -99,6 +125,8 @@ else:
         }
     }
 if not DATABASE_URL:
+    # SQLite creates its file (and -wal, -shm alike) with the umask's mode, usually 0644.
+    secrets_store.private_file(Path(DATABASES["default"]["NAME"]))
     # A file, not :memory:, so that worker threads in the tests share the test database;
     # one per test process, so that parallel runs do not trample each other.
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-{os.getpid()}.sqlite3")}
@@ -131,7 +159,11 @@ if S3_BUCKET:
 else:
     CONTENT_STORAGE = {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(DATA_DIR / "content"), "file_permissions_mode": 0o600},
+        "OPTIONS": {
+            "location": str(DATA_DIR / "content"),
+            "file_permissions_mode": 0o600,
+            "directory_permissions_mode": 0o700,
+        },
     }
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -141,8 +173,15 @@ STORAGES = {
 
 # Master keys wrap each file's data key: "id1:base64key,id2:base64key"; the first encrypts
 # new files, the others still decrypt old ones (rotation).
-MASTER_KEYS = env_str("BOARDWALK_MASTER_KEYS") or _embedded("master_keys")
-API_KEY_PEPPER = env_str("BOARDWALK_API_KEY_PEPPER") or _embedded("api_key_pepper")
+MASTER_KEYS = _secret("BOARDWALK_MASTER_KEYS", "master_keys")
+API_KEY_PEPPER = _secret("BOARDWALK_API_KEY_PEPPER", "api_key_pepper")
+if _missing_secrets:
+    raise ImproperlyConfigured(
+        "DATABASE_URL, REDIS_URL or BOARDWALK_S3_BUCKET is set, so this is a production "
+        f"configuration, and it lacks {', '.join(_missing_secrets)}. Set the same values on "
+        "every machine; docs/DEPLOYMENT.md ('Configuration and secrets') says how to "
+        "generate them."
+    )
 
 # Broker: Redis in production; unset means an in-process worker on a stub broker.
 REDIS_URL = env_str("REDIS_URL")
@@ -160,6 +199,19 @@ GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMA
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
 
+# The web server (`manage.py serve`, boardwalk/server.py): every read from a client is bounded.
+HTTP_THREADS = env_int("BOARDWALK_HTTP_THREADS", 32)
+HTTP_MAX_CONNECTIONS = env_int("BOARDWALK_HTTP_MAX_CONNECTIONS", 1000)
+# Seconds a client has to send the request line and headers, all of them.
+HTTP_HEADER_TIMEOUT = env_float("BOARDWALK_HTTP_HEADER_TIMEOUT", 10.0)
+# Seconds a body read (or a response write) may wait without progress; after that long, a
+# body must also have averaged HTTP_MIN_BODY_RATE bytes a second.
+HTTP_READ_TIMEOUT = env_float("BOARDWALK_HTTP_READ_TIMEOUT", 30.0)
+HTTP_MIN_BODY_RATE = env_float("BOARDWALK_HTTP_MIN_BODY_RATE", 4096.0)
+
+# /metrics: this Bearer token when set; loopback clients only when unset.
+METRICS_TOKEN = env_str("BOARDWALK_METRICS_TOKEN")
+
 # Uploads never go through Django's handlers: POST /v1/files parses its multipart body
 # itself (files/multipart.py), validating and encrypting as bytes arrive; any other upload
 # is refused, so nothing ever spools plaintext to disk.
@@ -170,7 +222,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["boardwalk.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["boardwalk.auth.HasDeclaredScope"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["boardwalk.parsers.BoundedJSONParser"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.negotiation.LenientContentNegotiation",
     "EXCEPTION_HANDLER": "boardwalk.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,

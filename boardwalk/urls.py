@@ -1,10 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from boardwalk.views import healthz
+from boardwalk.views import healthz, metrics_view, readyz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("v1/", include("boardwalk.api_urls")),
 ]

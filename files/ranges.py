@@ -1,12 +1,46 @@
-"""HTTP Range / If-Range for file content (RFC 9110 §14), single ranges only."""
+"""Conditional and range requests for file content (RFC 9110 §13, §14), single ranges only."""
 
 from __future__ import annotations
 
 import re
 
-from boardwalk.errors import RangeNotSatisfiable
+from boardwalk.errors import BoardwalkError, RangeNotSatisfiable
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+class PreconditionFailed(BoardwalkError):
+    status = 412
+    code = "precondition_failed"
+
+
+def _tags(header: str) -> list[str]:
+    return [tag.strip() for tag in header.split(",") if tag.strip()]
+
+
+def not_modified(*, if_match: str | None, if_none_match: str | None, etag: str) -> bool:
+    """Evaluate If-Match then If-None-Match for a GET (RFC 9110 §13.2.2).
+
+    Raises PreconditionFailed (412) when If-Match names neither `*` nor this ETag (strong
+    comparison); True when If-None-Match matches (weak comparison): answer 304.
+    """
+    if if_match is not None:
+        tags = _tags(if_match)
+        if "*" not in tags and etag not in tags:
+            raise PreconditionFailed("The file's ETag does not match If-Match.", param="If-Match")
+    if if_none_match is not None:
+        tags = [tag.removeprefix("W/") for tag in _tags(if_none_match)]
+        return "*" in tags or etag.removeprefix("W/") in tags
+    return False
+
+
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+# Past any file we store; int() of a longer digit string is refused by Python (4,300 digits)
+# and pointless: such a number means "beyond the end".
+_HUGE = 10**18
+
+
+def _number(digits: str) -> int:
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) < 18 else _HUGE
 
 
 def requested_range(
@@ -29,12 +63,12 @@ def requested_range(
     if not first and not last:
         return None
     if not first:  # suffix: the last N bytes
-        length = int(last)
+        length = _number(last)
         if length == 0 or size == 0:
             raise _unsatisfiable(size)
         return max(0, size - length), size - 1
-    start = int(first)
-    end = int(last) if last else size - 1
+    start = _number(first)
+    end = _number(last) if last else size - 1
     if last and end < start:
         return None  # invalid range spec: ignore it
     if start >= size:

@@ -126,10 +126,17 @@ class FileSystemContentStore:
         return removed
 
     def _make_directory(self, directory: str) -> None:
-        if not os.path.isdir(directory):
+        missing = []
+        path = directory
+        while path and not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        if missing:
             os.makedirs(directory, exist_ok=True)
+            # Every level created here, not only the leaf: content dirs are private (0700).
             if self.storage.directory_permissions_mode is not None:
-                os.chmod(directory, self.storage.directory_permissions_mode)
+                for created in missing:
+                    os.chmod(created, self.storage.directory_permissions_mode)
 
 
 class _LocalBlobWriter:

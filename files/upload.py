@@ -90,7 +90,15 @@ def upload_receive(
     """
     if content_length is not None and content_length > MAX_INPUT_BYTES + MULTIPART_OVERHEAD:
         raise _too_large()
-    reader = MultipartReader(read, boundary)
+    received = 0
+
+    def counted_read(size: int) -> bytes:
+        nonlocal received
+        data = read(size)
+        received += len(data)
+        return data
+
+    reader = MultipartReader(counted_read, boundary)
     form = ReceivedForm()
     parts = 0
     try:
@@ -113,6 +121,9 @@ def upload_receive(
                 form.unexpected.append(part.name)
                 reader.skip()
         reader.drain()
+        if content_length is not None and received < content_length:
+            # The framing closed, but the client promised more: the body was cut short.
+            raise IncompleteBody("The body is shorter than its Content-Length.")
     except IncompleteBody:
         form.discard()
         raise InvalidRequest(

@@ -3,7 +3,7 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any
 
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from boardwalk.auth import READ, WRITE
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
 from files.multipart import MultipartError, multipart_boundary
-from files.ranges import requested_range
+from files.ranges import not_modified, requested_range
 from files.selectors import file_get_for_org, file_readable_for_org
 from files.serializers import file_payload
 from files.services import file_create_from_upload, file_delete, file_read_range
@@ -37,6 +37,8 @@ class FileCollectionView(APIView):
     """POST /v1/files uploads; there is deliberately no listing (GET answers 405)."""
 
     scopes = {"POST": WRITE, "GET": READ}
+    # upload_receive streams the body and refuses an oversized one itself (413).
+    reads_own_body = True
 
     def get(self, request: Any) -> Response:
         raise MethodNotAllowed(
@@ -114,8 +116,16 @@ class FileDetailView(APIView):
 class FileContentView(APIView):
     scopes = {"GET": READ}
 
-    def get(self, request: Any, file_id: str) -> StreamingHttpResponse:
+    def get(self, request: Any, file_id: str) -> HttpResponse | StreamingHttpResponse:
         file = file_readable_for_org(org=request.user.org, file_id=file_id)
+        if not_modified(
+            if_match=request.headers.get("If-Match"),
+            if_none_match=request.headers.get("If-None-Match"),
+            etag=file.etag,
+        ):
+            unchanged = HttpResponse(status=304)
+            unchanged["ETag"] = file.etag
+            return unchanged
         span = requested_range(
             range_header=request.headers.get("Range"),
             if_range=request.headers.get("If-Range"),

@@ -38,7 +38,11 @@ def _content_in_tmp(settings: Any, tmp_path: Path) -> None:
         **settings.STORAGES,
         "content": {
             "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(tmp_path / "content"), "file_permissions_mode": 0o600},
+            "OPTIONS": {
+                "location": str(tmp_path / "content"),
+                "file_permissions_mode": 0o600,
+                "directory_permissions_mode": 0o700,
+            },
         },
     }
 

@@ -28,8 +28,21 @@ Problem = tuple[str, str, str]  # field, code, message
 
 
 class Problems(list[Problem]):
+    """The problems of one line: the first `keep` of them, and how many there were.
+
+    A line can hold millions of invalid values; only the first problems the report will show
+    are kept, the rest are counted, so memory does not grow with the number of problems.
+    """
+
+    def __init__(self, keep: int = 100) -> None:
+        super().__init__()
+        self.keep = keep
+        self.total = 0
+
     def add(self, field: str, code: str, message: str) -> None:
-        self.append((field, code, message))
+        self.total += 1
+        if len(self) < self.keep:
+            self.append((field, code, message))
 
 
 TOP_LEVEL_KEYS = ("custom_id", "method", "url", "body")

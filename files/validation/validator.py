@@ -19,8 +19,10 @@ from .report import (
     Resolver,
     ValidationReport,
 )
+from .shape import MAX_LINE_VALUES, duplicate_key_field, has_duplicate_keys, too_many_values
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+
 # A model name is shown back in messages only when it looks like one.
 _PLAIN_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@\-]{0,127}")
 
@@ -133,27 +135,50 @@ class InputValidator:
         if line.length == 0:
             self._error(number, "", "blank_line", f"Line {number}: remove the blank line")
             return
+        data = line.data
+        # A line within one read is a view of it; a copy of at most a read lets bytes methods run.
+        text = data if isinstance(data, bytearray) else bytes(data)
+        if too_many_values(text):
+            self._error(
+                number,
+                "",
+                "too_many_values",
+                f"Line {number}: the line holds more than {MAX_LINE_VALUES} JSON values; a "
+                "request needs far fewer",
+            )
+            return
         try:
-            obj = orjson.loads(line.data)
+            obj = orjson.loads(data)
         except orjson.JSONDecodeError as exc:
-            self._parse_error(number, line.offset, line.data, exc)
+            self._parse_error(number, line.offset, data, exc)
             return
         if type(obj) is not dict:
             self._error(
                 number, "", "not_an_object", f"Line {number}: the line must be a JSON object"
             )
             return
+        if has_duplicate_keys(text, obj):
+            # orjson keeps the last of duplicate keys; which one a client meant is unknowable.
+            field = duplicate_key_field(text)
+            shown = field or "a key"
+            self._error(
+                number,
+                field,
+                "duplicate_key",
+                f"Line {number}: {shown} appears twice in one object; keep only one",
+            )
+            return
 
         if number == 1 and sectioned.is_header(obj):
             self._format = sectioned.FILE_FORMAT
-            problems = rules.Problems()
+            problems = self._problems()
             sectioned.check_header(obj, problems)
             self._report(number, problems)
             return
         if self._format is not None:
             self._check_sectioned(line, obj)
             return
-        problems = rules.Problems()
+        problems = self._problems()
         custom_id, body = rules.check_envelope(obj, problems)
         self._check_request(line, problems, custom_id, body)
 
@@ -183,7 +208,7 @@ class InputValidator:
             counts = rules.check_body(body, target, problems)
 
         self._report(number, problems)
-        if not problems and custom_id is not None and counts is not None:
+        if not problems.total and custom_id is not None and counts is not None:
             max_tokens, n = counts
             self._lines.append(
                 LineInfo(
@@ -197,12 +222,18 @@ class InputValidator:
                 )
             )
 
+    def _problems(self) -> rules.Problems:
+        # Keep only what the report can still show; the rest are counted, never built.
+        return rules.Problems(keep=max(0, self._max_errors - len(self._errors)))
+
     def _report(self, number: int, problems: rules.Problems) -> None:
         for field, code, message in problems:
             self._error(number, field, code, f"Line {number}: {message}")
+        # The problems not kept are counted, never built into the report.
+        self._error_count += problems.total - len(problems)
 
     def _check_sectioned(self, line: Line, obj: dict[str, Any]) -> None:
-        problems = rules.Problems()
+        problems = self._problems()
         kind = obj.get("type")
         if kind == "section":
             self._check_section_line(line, obj, problems)
@@ -245,7 +276,7 @@ class InputValidator:
                 f"the sections of this file hold more than {sectioned.MAX_SECTION_BYTES} bytes "
                 "in all; split the file",
             )
-        section = _Section(line.number, line.offset, line.length, None if problems else body)
+        section = _Section(line.number, line.offset, line.length, None if problems.total else body)
         if section_id is not None and section_id not in self._sections:
             self._sections[section_id] = section
         # Requests below without a section_id belong to this section, broken or not.

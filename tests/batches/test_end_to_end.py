@@ -118,6 +118,7 @@ def _worker_env(tmp_path: Path) -> dict[str, str]:
         BOARDWALK_BROKER_NAMESPACE=django_settings.BROKER_NAMESPACE,
         BOARDWALK_MASTER_KEYS=django_settings.MASTER_KEYS,
         BOARDWALK_API_KEY_PEPPER=django_settings.API_KEY_PEPPER,
+        DJANGO_SECRET_KEY=django_settings.SECRET_KEY,
         BOARDWALK_DATA_DIR=str(tmp_path),
         BOARDWALK_ITEM_LEASE_SECONDS="3",
         PYTHONUNBUFFERED="1",
