@@ -148,7 +148,7 @@ def worker_processes(transactional_db: None, tmp_path: Path) -> Iterator[list[su
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()  # reap it: an unreaped child is a ResourceWarning (an error here)
+                process.wait()  # reap it: an unreaped child fails the next test (ResourceWarning)
 
 
 @postgres_only
