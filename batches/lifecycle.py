@@ -179,11 +179,16 @@ def _publish(batch: Batch) -> Batch:
         rows=out_rows,
         filename=f"{batch.id}_output.jsonl",
     )
-    errors = file_publish_result(
-        org=batch.org,
-        file_id=derived_id("file-", batch.id, "errors"),
-        rows=err_rows,
-        filename=f"{batch.id}_errors.jsonl",
+    # No failed row, no error file: error_file_id stays null, as OpenAI answers (docs/API.md).
+    errors = (
+        file_publish_result(
+            org=batch.org,
+            file_id=derived_id("file-", batch.id, "errors"),
+            rows=err_rows,
+            filename=f"{batch.id}_errors.jsonl",
+        )
+        if err_rows
+        else None
     )
     by_id = {item.id: item for item in items}
     charges = _charges(batch, [by_id[i] for i in published], items)
