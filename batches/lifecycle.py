@@ -27,6 +27,7 @@ from files.limits import MAX_RESULT_FILE_BYTES
 from files.models import File
 from files.sealing import unseal
 from files.services import file_publish_result, file_shred
+from webhooks.outbox import batch_event_record
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +214,8 @@ def _publish(batch: Batch) -> Batch:
             credit_settle(
                 org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
             )
+            # The webhook outbox row commits with the terminal state, or not at all.
+            batch_event_record(org_id=batch.org_id, batch_id=batch.id, status=terminal)
     # Accepted input is removed once the batch is terminal (SPEC §9). If this process dies
     # right here, the retention sweep shreds it instead.
     _shred_input(batch.input_file_id)

@@ -5,6 +5,7 @@ from django.urls import path
 from batches import views as batches
 from files import views as files
 from inference import views as inference
+from webhooks import views as webhooks
 
 urlpatterns = [
     path("files", files.FileCollectionView.as_view(), name="files"),
@@ -18,4 +19,14 @@ urlpatterns = [
     path("requests/<str:request_id>", batches.ReceiptDetailView.as_view(), name="request"),
     path("models", inference.ModelListView.as_view(), name="models"),
     path("models/<path:name>", inference.ModelDetailView.as_view(), name="model"),
+    path(
+        "webhook_endpoints",
+        webhooks.WebhookEndpointCollectionView.as_view(),
+        name="webhook-endpoints",
+    ),
+    path(
+        "webhook_endpoints/<str:endpoint_id>",
+        webhooks.WebhookEndpointDetailView.as_view(),
+        name="webhook-endpoint",
+    ),
 ]

@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "files",
     "billing",
     "batches",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -160,6 +161,9 @@ IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
 GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMATE", 2_000)
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
+# Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these
+# comma-separated host:port targets are let through as named, over http too (SPEC §10b).
+OUTBOUND_ALLOW = env_list("BOARDWALK_OUTBOUND_ALLOW", [])
 
 # Uploads never go through Django's handlers: POST /v1/files parses its multipart body
 # itself (files/multipart.py), validating and encrypting as bytes arrive; any other upload
