@@ -3,11 +3,13 @@
 from django.urls import path
 
 from batches import views as batches
+from boardwalk.openapi import OpenApiView
 from files import views as files
 from inference import views as inference
 from webhooks import views as webhooks
 
 urlpatterns = [
+    path("openapi.json", OpenApiView.as_view(), name="openapi"),
     path("files", files.FileCollectionView.as_view(), name="files"),
     path("files/<str:file_id>", files.FileDetailView.as_view(), name="file"),
     path("files/<str:file_id>/content", files.FileContentView.as_view(), name="file-content"),

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "boardwalk",
     "inference",
     "files",
@@ -178,8 +179,20 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.negotiation.LenientContentNegotiation",
     "EXCEPTION_HANDLER": "boardwalk.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
     "UNAUTHENTICATED_TOKEN": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Boardwalk Batch Inference API",
+    "DESCRIPTION": "OpenAI Batch API compatible; see docs/API.md. Errors use one envelope.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/v1",
+    "SECURITY": [{"bearer": []}],
+    "APPEND_COMPONENTS": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "AUTHENTICATION_WHITELIST": [],
 }
 
 LOGGING = {

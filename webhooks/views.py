@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.errors import InvalidRequest
 from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_for_org
@@ -17,6 +18,7 @@ _CREATE_FIELDS = {"url", "events"}
 class WebhookEndpointCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
+    @oa.operation(oa.WEBHOOK_ENDPOINT, request=oa.WEBHOOK_ENDPOINT_CREATE)
     def post(self, request: Any) -> Response:
         body = request.data
         if not isinstance(body, dict):
@@ -33,6 +35,7 @@ class WebhookEndpointCollectionView(APIView):
         )
         return Response(endpoint_payload(endpoint, secret=secret))
 
+    @oa.operation(oa.list_of(oa.WEBHOOK_ENDPOINT), operation_id="webhook_endpoints_list")
     def get(self, request: Any) -> Response:
         data = [endpoint_payload(e) for e in webhook_endpoints_for_org(org=request.user.org)]
         return Response(
@@ -49,10 +52,12 @@ class WebhookEndpointCollectionView(APIView):
 class WebhookEndpointDetailView(APIView):
     scopes = {"GET": READ, "DELETE": WRITE}
 
+    @oa.operation(oa.WEBHOOK_ENDPOINT)
     def get(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         return Response(endpoint_payload(endpoint))
 
+    @oa.operation(oa.DELETED)
     def delete(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         webhook_endpoint_delete(endpoint=endpoint)
