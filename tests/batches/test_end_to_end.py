@@ -152,6 +152,7 @@ def worker_processes(transactional_db: None, tmp_path: Path) -> Iterator[list[su
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()  # reap it: a Popen collected while running warns (an error here)
 
 
 @postgres_only
