@@ -91,7 +91,7 @@ def key_acquire(*, org: Organization, key: str, digest: str) -> Batch | None:
                 "A request with this Idempotency-Key is still being processed; retry shortly.",
                 code="idempotency_key_in_use",
                 param="Idempotency-Key",
-                headers={"Retry-After": "1"},
+                retry_after=1,
             )
         time.sleep(POLL_SECONDS)
 

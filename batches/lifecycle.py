@@ -28,6 +28,7 @@ from files.limits import MAX_RESULT_FILE_BYTES
 from files.models import File
 from files.sealing import unseal
 from files.services import file_publish_result, file_shred
+from webhooks.outbox import batch_event_record
 
 logger = logging.getLogger(__name__)
 
@@ -186,11 +187,16 @@ def _publish(batch: Batch) -> Batch:
         rows=out_rows,
         filename=f"{batch.id}_output.jsonl",
     )
-    errors = file_publish_result(
-        org=batch.org,
-        file_id=derived_id("file-", batch.id, "errors"),
-        rows=err_rows,
-        filename=f"{batch.id}_errors.jsonl",
+    # No failed row, no error file: error_file_id stays null, as OpenAI answers (docs/API.md).
+    errors = (
+        file_publish_result(
+            org=batch.org,
+            file_id=derived_id("file-", batch.id, "errors"),
+            rows=err_rows,
+            filename=f"{batch.id}_errors.jsonl",
+        )
+        if err_rows
+        else None
     )
     by_id = {item.id: item for item in items}
     charges = _charges(batch, [by_id[i] for i in published], items)
@@ -215,6 +221,8 @@ def _publish(batch: Batch) -> Batch:
             credit_settle(
                 org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
             )
+            # The webhook outbox row commits with the terminal state, or not at all.
+            batch_event_record(org_id=batch.org_id, batch_id=batch.id, status=terminal)
     # Accepted input is removed once the batch is terminal (SPEC §9), and so are the sealed
     # per-item results, now copies of the published files. If this process dies right here,
     # the retention sweep does both instead.

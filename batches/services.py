@@ -167,13 +167,15 @@ def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
             f"Batches on a private deployment take at most {MAX_PRIVATE_ITEMS} items; this file "
             f"has {len(plan.items)}. Split it into smaller files.",
             code="private_batch_too_large",
+            retryable=False,  # the same file never fits: the SDK must not resend it
         )
     queued = BatchItem.objects.filter(state=BatchItem.State.PENDING).count()
     if queued + len(plan.items) > settings.MAX_QUEUED_ITEMS:
         raise CapacityExceeded(
             "The batch queue is full right now; retry later.",
             code="queue_backlog_full",
-            retry_after=300,
+            # At most 120 s, or the OpenAI SDK gives up instead of waiting.
+            retry_after=60,
         )
 
 

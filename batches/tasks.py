@@ -15,6 +15,8 @@ from batches.lifecycle import NotReady, batch_finalize
 from batches.models import Batch
 from batches.sweeps import sweep_work
 from inference.worker import serve_key
+from webhooks.delivery import deliveries_due
+from webhooks.tasks import webhook_deliver
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ def sweep() -> None:
         finalize.send(batch_id)
     for key in report.to_wake:
         engine_wake.send(key.revision_id, key.deployment_id)
+    for delivery_id in deliveries_due():  # webhook deliveries whose message was lost or due
+        webhook_deliver.send(delivery_id)
 
 
 def engine_wake_later(batch: Batch) -> None:

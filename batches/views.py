@@ -16,6 +16,7 @@ from batches.selectors import (
 )
 from batches.serializers import batch_payload, receipt_payload
 from batches.services import batch_cancel, batch_create, batch_estimate
+from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 
 
@@ -32,6 +33,12 @@ def _list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
 class BatchCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
+    @oa.operation(
+        oa.BATCH,
+        errors=(402, 409, 429, 503),
+        request=oa.BATCH_CREATE,
+        parameters=[oa.IDEMPOTENCY_KEY],
+    )
     def post(self, request: Any) -> Response:
         key = check_key(request.headers.get("Idempotency-Key"))
         submission = parse_submission(request.data)
@@ -43,6 +50,7 @@ class BatchCollectionView(APIView):
         )
         return Response(batch_payload(batch))
 
+    @oa.operation(oa.list_of(oa.BATCH), operation_id="batches_list", parameters=oa.PAGINATION)
     def get(self, request: Any) -> Response:
         limit = parse_limit(request.query_params.get("limit"))
         rows, has_more = batches_page(
@@ -54,6 +62,7 @@ class BatchCollectionView(APIView):
 class BatchEstimateView(APIView):
     scopes = {"POST": READ}
 
+    @oa.operation(oa.ESTIMATE, errors=(503,), request=oa.BATCH_CREATE)
     def post(self, request: Any) -> Response:
         return Response(
             batch_estimate(org=request.user.org, submission=parse_submission(request.data))
@@ -63,6 +72,7 @@ class BatchEstimateView(APIView):
 class BatchDetailView(APIView):
     scopes = {"GET": READ}
 
+    @oa.operation(oa.BATCH)
     def get(self, request: Any, batch_id: str) -> Response:
         return Response(batch_payload(batch_get_for_org(org=request.user.org, batch_id=batch_id)))
 
@@ -70,6 +80,7 @@ class BatchDetailView(APIView):
 class BatchCancelView(APIView):
     scopes = {"POST": WRITE}
 
+    @oa.operation(oa.BATCH, errors=(409,), request=None)
     def post(self, request: Any, batch_id: str) -> Response:
         batch = batch_get_for_org(org=request.user.org, batch_id=batch_id)
         return Response(batch_payload(batch_cancel(batch=batch)))
@@ -78,6 +89,11 @@ class BatchCancelView(APIView):
 class ReceiptListView(APIView):
     scopes = {"GET": READ}
 
+    @oa.operation(
+        oa.list_of(oa.RECEIPT),
+        operation_id="requests_list",
+        parameters=[*oa.PAGINATION, oa.OpenApiParameter("batch_id", str)],
+    )
     def get(self, request: Any) -> Response:
         limit = parse_limit(request.query_params.get("limit"))
         rows, has_more = receipts_page(
@@ -92,6 +108,7 @@ class ReceiptListView(APIView):
 class ReceiptDetailView(APIView):
     scopes = {"GET": READ}
 
+    @oa.operation(oa.RECEIPT)
     def get(self, request: Any, request_id: str) -> Response:
         return Response(
             receipt_payload(receipt_get_for_org(org=request.user.org, request_id=request_id))

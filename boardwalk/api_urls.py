@@ -3,10 +3,13 @@
 from django.urls import path
 
 from batches import views as batches
+from boardwalk.openapi import OpenApiView
 from files import views as files
 from inference import views as inference
+from webhooks import views as webhooks
 
 urlpatterns = [
+    path("openapi.json", OpenApiView.as_view(), name="openapi"),
     path("files", files.FileCollectionView.as_view(), name="files"),
     path("files/<str:file_id>", files.FileDetailView.as_view(), name="file"),
     path("files/<str:file_id>/content", files.FileContentView.as_view(), name="file-content"),
@@ -18,4 +21,14 @@ urlpatterns = [
     path("requests/<str:request_id>", batches.ReceiptDetailView.as_view(), name="request"),
     path("models", inference.ModelListView.as_view(), name="models"),
     path("models/<path:name>", inference.ModelDetailView.as_view(), name="model"),
+    path(
+        "webhook_endpoints",
+        webhooks.WebhookEndpointCollectionView.as_view(),
+        name="webhook-endpoints",
+    ),
+    path(
+        "webhook_endpoints/<str:endpoint_id>",
+        webhooks.WebhookEndpointDetailView.as_view(),
+        name="webhook-endpoint",
+    ),
 ]

@@ -5,8 +5,10 @@ DRF's and Django's own exceptions, in the same envelope:
 
     {"error": {"type", "code", "message", "param"}}
 
-The OpenAI SDK retries 408/409/429/5xx unless told otherwise, so every client error that a
-retry cannot fix carries `x-should-retry: false`, and 429 carries `Retry-After` (SPEC §10a).
+The OpenAI SDK retries 408/409/429/5xx unless told otherwise (SPEC §10a). An error that will
+succeed later sets `retry_after`: it answers `Retry-After` and `x-should-retry: true` (so the SDK
+waits and retries even where it would not by itself); any other 4xx answers
+`x-should-retry: false`, so the SDK never resends a request that cannot succeed.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _TYPES = {
 class BoardwalkError(Exception):
     status = 400
     code = "invalid_request"
+    # Seconds after which the same request may succeed; None: retrying cannot help.
+    retry_after: int | None = None
 
     def __init__(
         self,
@@ -54,11 +58,14 @@ class BoardwalkError(Exception):
         details: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        if retry_after is not None:
+            self.retry_after = retry_after
         self.param = param
         self.details = details
         self.headers = dict(headers or {})
@@ -120,15 +127,20 @@ class RangeNotSatisfiable(BoardwalkError):
 class ServiceUnavailable(BoardwalkError):
     status = 503
     code = "service_unavailable"
+    retry_after: int | None = 5
 
 
 class CapacityExceeded(BoardwalkError):
+    """429. `retryable=False` for a limit the same request can never meet."""
+
     status = 429
     code = "capacity_exceeded"
+    retry_after: int | None = 60
 
-    def __init__(self, message: str, *, retry_after: int = 60, **kwargs: Any) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
-        self.headers.setdefault("Retry-After", str(retry_after))
+        if not retryable:
+            self.retry_after = None
 
 
 def envelope(
@@ -152,9 +164,11 @@ def envelope(
     return {"error": body}
 
 
-def retry_headers(status: int) -> dict[str, str]:
-    # 429 is the one client error worth retrying (after Retry-After); 5xx stays retryable.
-    if 400 <= status < 500 and status not in (408, 429):
+def retry_headers(status: int, *, retry_after: int | None = None) -> dict[str, str]:
+    """SPEC §10a: say when to retry, or that retrying is pointless; 5xx stays retryable."""
+    if retry_after is not None:
+        return {"Retry-After": str(retry_after), "x-should-retry": "true"}
+    if 400 <= status < 500 and status != 408:
         return {"x-should-retry": "false"}
     return {}
 
@@ -204,7 +218,7 @@ def _first_validation_error(detail: Any, prefix: str = "") -> tuple[str | None, 
 
 
 def render(error: BoardwalkError) -> Response:
-    headers = {**retry_headers(error.status), **error.headers}
+    headers = {**retry_headers(error.status, retry_after=error.retry_after), **error.headers}
     return Response(error.envelope(), status=error.status, headers=headers)
 
 

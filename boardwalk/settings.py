@@ -69,15 +69,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "boardwalk",
     "inference",
     "files",
     "billing",
     "batches",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
-    # First: refuses oversized or chunked bodies before anything reads them.
+    "boardwalk.middleware.RequestIdMiddleware",
+    # Then: refuses oversized or chunked bodies before anything reads them.
     "boardwalk.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -198,6 +201,9 @@ IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
 GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMATE", 2_000)
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
+# Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these
+# comma-separated host:port targets are let through as named, over http too (SPEC §10b).
+OUTBOUND_ALLOW = env_list("BOARDWALK_OUTBOUND_ALLOW", [])
 
 # The web server (`manage.py serve`, boardwalk/server.py): every read from a client is bounded.
 HTTP_THREADS = env_int("BOARDWALK_HTTP_THREADS", 32)
@@ -225,8 +231,20 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["boardwalk.parsers.BoundedJSONParser"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.negotiation.LenientContentNegotiation",
     "EXCEPTION_HANDLER": "boardwalk.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
     "UNAUTHENTICATED_TOKEN": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Boardwalk Batch Inference API",
+    "DESCRIPTION": "OpenAI Batch API compatible; see docs/API.md. Errors use one envelope.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/v1",
+    "SECURITY": [{"bearer": []}],
+    "APPEND_COMPONENTS": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "AUTHENTICATION_WHITELIST": [],
 }
 
 LOGGING = {

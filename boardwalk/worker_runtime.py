@@ -19,7 +19,7 @@ from boardwalk.broker import setup_broker
 
 logger = logging.getLogger(__name__)
 
-QUEUES = {"engine", "batches"}
+QUEUES = {"engine", "batches", "webhooks"}
 
 
 class Sweeper(threading.Thread):

@@ -8,6 +8,7 @@ from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
 from files.multipart import MultipartError, multipart_boundary
@@ -40,11 +41,28 @@ class FileCollectionView(APIView):
     # upload_receive streams the body and refuses an oversized one itself (413).
     reads_own_body = True
 
+    @oa.operation(
+        None, operation_id="files_list", summary="Not supported: there is no file list (405)"
+    )
     def get(self, request: Any) -> Response:
         raise MethodNotAllowed(
             "There is no file-list endpoint; keep the ids returned by uploads and batches.",
         )
 
+    @oa.operation(
+        oa.FILE,
+        errors=(409, 413, 415, 429),
+        request={
+            "multipart/form-data": {
+                "type": "object",
+                "required": ["purpose", "file"],
+                "properties": {
+                    "purpose": {"type": "string", "enum": ["batch"]},
+                    "file": {"type": "string", "format": "binary"},
+                },
+            }
+        },
+    )
     def post(self, request: Any) -> Response:
         # The body is read here, as it streams, not by DRF's parsers (request.data is unused).
         content_type = request.META.get("CONTENT_TYPE", "")
@@ -104,9 +122,11 @@ def _content_length(meta: dict[str, Any]) -> int | None:
 class FileDetailView(APIView):
     scopes = {"GET": READ, "DELETE": WRITE}
 
+    @oa.operation(oa.FILE)
     def get(self, request: Any, file_id: str) -> Response:
         return Response(file_payload(file_get_for_org(org=request.user.org, file_id=file_id)))
 
+    @oa.operation(oa.DELETED, errors=(409,))
     def delete(self, request: Any, file_id: str) -> Response:
         file = file_get_for_org(org=request.user.org, file_id=file_id)
         file_delete(file=file)
@@ -116,6 +136,7 @@ class FileDetailView(APIView):
 class FileContentView(APIView):
     scopes = {"GET": READ}
 
+    @oa.operation(None, errors=(416,), ok_content_type="application/jsonl")
     def get(self, request: Any, file_id: str) -> HttpResponse | StreamingHttpResponse:
         file = file_readable_for_org(org=request.user.org, file_id=file_id)
         if not_modified(

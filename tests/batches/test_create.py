@@ -230,7 +230,7 @@ def test_fifth_unfinished_batch_is_429_and_key_is_not_consumed(api: Api, catalog
     assert response.status_code == 429
     assert response.json()["error"]["code"] == "too_many_unfinished_batches"
     assert int(response["Retry-After"]) > 0
-    assert "x-should-retry" not in response
+    assert response["x-should-retry"] == "true"
     assert Batch.objects.count() == 4
     Batch.objects.filter(status="in_progress").update(status="completed")
     assert create(api, file_id, key="k4").status_code == 200

@@ -44,8 +44,7 @@ def test_batch_runs_publishes_and_charges_exactly_the_published_rows(
     assert payload["completed_at"] is not None
     assert payload["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
     output = download(api, payload["output_file_id"])
-    errors = download(api, payload["error_file_id"])
-    assert errors == []
+    assert payload["error_file_id"] is None  # nothing failed: no error file, as in OpenAI
     assert [r["custom_id"] for r in output] == [r["custom_id"] for r in inputs]
     tokenizer = tokenizer_for(catalog_model.revision)
     expected_charge = 0
@@ -115,7 +114,8 @@ def test_crash_between_publishing_files_and_the_batch_row_resumes(
     monkeypatch.undo()
     batch = finalize(data["id"])
     assert batch.status == "completed"
-    assert File.objects.filter(purpose="batch_output").count() == 2
+    assert batch.error_file_id is None  # nothing failed: only the output file exists
+    assert File.objects.filter(purpose="batch_output").count() == 1
     assert len(download(api, batch.output_file_id)) == 2
     assert LedgerEntry.objects.filter(batch_id=data["id"], kind="charge").count() == 1
 

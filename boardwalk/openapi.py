@@ -1,0 +1,294 @@
+"""OpenAPI 3 description of /v1 (drf-spectacular), served at /v1/openapi.json.
+
+The views build their answers as plain dicts (one payload function per resource), so their
+shapes are written here once, as schemas, and attached to each operation with `operation()`.
+Every operation also documents the error envelope (SPEC §10) for the statuses it can answer;
+schemathesis checks the live answers against this in the test suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+
+__all__ = ["OpenApiParameter", "operation"]
+from drf_spectacular.renderers import OpenApiJsonRenderer
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.permissions import AllowAny
+
+Schema = dict[str, Any]
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+INT = {"type": "integer"}
+STR = {"type": "string"}
+TIMESTAMP = {"type": "integer", "description": "Unix seconds"}
+DECIMAL = {"type": "string", "pattern": "^-?[0-9]+$"}
+
+ERROR: Schema = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["type", "code", "message", "param"],
+            "properties": {
+                "type": STR,
+                "code": STR,
+                "message": STR,
+                "param": _nullable(STR),
+                "details": {"type": "array", "items": {"type": "object"}},
+                "error_count": INT,
+            },
+        }
+    },
+}
+
+FILE: Schema = {
+    "type": "object",
+    "required": ["id", "object", "bytes", "filename", "purpose", "status", "created_at"],
+    "properties": {
+        "id": STR,
+        "object": {"type": "string", "enum": ["file"]},
+        "bytes": INT,
+        "filename": STR,
+        "purpose": {"type": "string", "enum": ["batch", "batch_output"]},
+        "status": {"type": "string", "enum": ["processed", "deleted", "expired"]},
+        "created_at": TIMESTAMP,
+        "expires_at": _nullable(TIMESTAMP),
+        "status_details": _nullable(STR),
+    },
+}
+
+DELETED: Schema = {
+    "type": "object",
+    "required": ["id", "object", "deleted"],
+    "properties": {"id": STR, "object": STR, "deleted": {"type": "boolean"}},
+}
+
+PRICES = {
+    "type": "object",
+    "properties": {"unit": STR, "input": DECIMAL, "cached_input": DECIMAL, "output": DECIMAL},
+}
+
+BATCH: Schema = {
+    "type": "object",
+    "required": ["id", "object", "status", "request_counts", "created_at", "expires_at"],
+    "properties": {
+        "id": STR,
+        "object": {"type": "string", "enum": ["batch"]},
+        "endpoint": STR,
+        "model": STR,
+        "input_file_id": STR,
+        "completion_window": STR,
+        "status": {
+            "type": "string",
+            "enum": [
+                "in_progress",
+                "finalizing",
+                "cancelling",
+                "completed",
+                "cancelled",
+                "failed",
+                "expired",
+            ],
+        },
+        "request_counts": {
+            "type": "object",
+            "required": ["total", "completed", "failed"],
+            "properties": {"total": INT, "completed": INT, "failed": INT},
+        },
+        "output_file_id": _nullable(STR),
+        "error_file_id": _nullable(STR),
+        "model_config_id": STR,
+        "billing": {"type": "string", "enum": ["catalog", "gpu_time"]},
+        "pricing": _nullable(PRICES),
+        "created_at": TIMESTAMP,
+        "expires_at": TIMESTAMP,
+        "in_progress_at": _nullable(TIMESTAMP),
+        "finalizing_at": _nullable(TIMESTAMP),
+        "cancelling_at": _nullable(TIMESTAMP),
+        "completed_at": _nullable(TIMESTAMP),
+        "cancelled_at": _nullable(TIMESTAMP),
+        "failed_at": _nullable(TIMESTAMP),
+        "expired_at": _nullable(TIMESTAMP),
+        "errors": _nullable({"type": "object"}),
+        "metadata": _nullable({"type": "object"}),
+        "usage": _nullable({"type": "object"}),
+        "charge_microusd": DECIMAL,
+    },
+}
+
+BATCH_CREATE: Schema = {
+    "type": "object",
+    "required": ["input_file_id", "endpoint", "completion_window"],
+    "properties": {
+        "input_file_id": STR,
+        "endpoint": {"type": "string", "enum": ["/v1/chat/completions"]},
+        "completion_window": {"type": "string", "enum": ["24h"]},
+        "metadata": _nullable({"type": "object", "additionalProperties": STR}),
+    },
+}
+
+ESTIMATE: Schema = {
+    "type": "object",
+    "required": ["request_count", "max_charge_microusd", "credit_sufficient"],
+    "properties": {
+        "object": STR,
+        "input_file_id": STR,
+        "model": STR,
+        "model_config_id": STR,
+        "billing": STR,
+        "request_count": INT,
+        "prompt_tokens": INT,
+        "max_output_tokens": INT,
+        "max_charge_microusd": DECIMAL,
+        "available_credit_microusd": DECIMAL,
+        "credit_sufficient": {"type": "boolean"},
+    },
+}
+
+RECEIPT: Schema = {
+    "type": "object",
+    "required": ["id", "object", "batch_id", "custom_id", "status_code"],
+    "properties": {
+        "id": STR,
+        "object": {"type": "string", "enum": ["request.receipt"]},
+        "batch_id": STR,
+        "custom_id": STR,
+        "model_config_id": STR,
+        "status_code": INT,
+        "usage": {"type": "object"},
+        "billing": STR,
+        "charge_microusd": DECIMAL,
+        "created_at": TIMESTAMP,
+        "completed_at": _nullable(TIMESTAMP),
+    },
+}
+
+MODEL: Schema = {
+    "type": "object",
+    "required": ["id", "object", "owned_by", "kind", "model_config_id", "modalities", "batch"],
+    "properties": {
+        "id": STR,
+        "object": {"type": "string", "enum": ["model"]},
+        "created": INT,
+        "owned_by": STR,
+        "kind": {"type": "string", "enum": ["catalog", "deployment"]},
+        "model_config_id": STR,
+        "modalities": {"type": "array", "items": STR},
+        "context_length": INT,
+        "batch": _nullable({"type": "object"}),
+    },
+}
+
+WEBHOOK_ENDPOINT: Schema = {
+    "type": "object",
+    "required": ["id", "object", "url", "events", "created_at"],
+    "properties": {
+        "id": STR,
+        "object": {"type": "string", "enum": ["webhook_endpoint"]},
+        "url": STR,
+        "events": {"type": "array", "items": STR},
+        "created_at": TIMESTAMP,
+        "secret": {"type": "string", "description": "Only in the creation answer."},
+    },
+}
+
+WEBHOOK_ENDPOINT_CREATE: Schema = {
+    "type": "object",
+    "required": ["url"],
+    "properties": {
+        "url": STR,
+        "events": {
+            "type": "array",
+            "items": {
+                "type": "string",
+                "enum": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"],
+            },
+        },
+    },
+}
+
+
+def list_of(item: Schema) -> Schema:
+    return {
+        "type": "object",
+        "required": ["object", "data", "first_id", "last_id", "has_more"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": item},
+            "first_id": _nullable(STR),
+            "last_id": _nullable(STR),
+            "has_more": {"type": "boolean"},
+        },
+    }
+
+
+PAGINATION = [
+    OpenApiParameter("limit", int, description="1 to 100, default 20"),
+    OpenApiParameter("after", str, description="cursor: the last id of the previous page"),
+]
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=True, description="1 to 256 bytes"
+)
+
+_ERROR_TEXT = {
+    400: "Invalid request",
+    401: "No or bad API key",
+    402: "Insufficient credit",
+    403: "Missing scope",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Upload too large",
+    415: "Unsupported media type",
+    416: "Range not satisfiable",
+    429: "Capacity limit",
+    503: "Unavailable, retry later",
+}
+_ALWAYS = (400, 401, 403, 404, 405)
+
+
+def operation(
+    ok: Schema | None,
+    *,
+    errors: tuple[int, ...] = (),
+    request: Any = None,
+    parameters: list[OpenApiParameter] | None = None,
+    ok_content_type: str | None = None,
+    summary: str | None = None,
+    operation_id: str | None = None,
+) -> Callable[[Any], Any]:
+    """extend_schema for one operation: its 200 answer plus the error envelope."""
+    responses: dict[Any, Any] = {}
+    if ok_content_type:
+        responses[(200, ok_content_type)] = OpenApiResponse(description="the file's bytes")
+        responses[(206, ok_content_type)] = OpenApiResponse(description="the requested range")
+    else:
+        responses[200] = ok
+    for status in sorted(set(_ALWAYS) | set(errors)):
+        responses[status] = OpenApiResponse(response=ERROR, description=_ERROR_TEXT[status])
+    if isinstance(request, dict) and "type" in request:
+        request = {"application/json": request}
+    return extend_schema(
+        request=request,
+        responses=responses,
+        parameters=parameters or [],
+        summary=summary,
+        operation_id=operation_id,
+    )
+
+
+class OpenApiView(SpectacularAPIView):
+    """Public: a client generator needs no key. The schema holds no tenant data."""
+
+    scopes = {"GET": ()}  # deny-by-default walk: this view states it is open
+    permission_classes = [AllowAny]
+    renderer_classes = [OpenApiJsonRenderer]  # /openapi.json: JSON whatever Accept says
+    authentication_classes = []  # type: ignore[var-annotated]

@@ -1,0 +1,94 @@
+"""Webhook endpoints, the event outbox, deliveries and their attempts (SPEC §10b).
+
+An event row is written in the same transaction that makes a batch terminal, with one
+delivery row per subscribed endpoint: the outbox. Deliveries are driven by an actor and
+re-driven by the sweep until an endpoint answers 2xx or 24 hours pass. Rows hold ids,
+statuses and timings — never content.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from boardwalk import clock
+from boardwalk.models import Organization
+
+EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
+
+
+class WebhookEndpoint(models.Model):
+    id = models.CharField(primary_key=True, max_length=40)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    url = models.CharField(max_length=2048)
+    events = models.JSONField(default=list)
+    # The signing secret is needed in clear to sign, so it is kept wrapped by the master
+    # key (files.crypto.Keyring), like a file's data key; it is shown once, at creation.
+    secret_key_id = models.CharField(max_length=64)
+    wrapped_secret = models.BinaryField()
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.url}"
+
+
+class WebhookEvent(models.Model):
+    id = models.CharField(primary_key=True, max_length=40)
+    org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    type = models.CharField(max_length=32)
+    # One terminal event per batch, whatever retries the finalization went through.
+    batch_id = models.CharField(max_length=40, unique=True)
+    created_at = models.DateTimeField(default=clock.now, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.type}"
+
+
+class WebhookDelivery(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"  # gave up after 24 hours
+
+    event = models.ForeignKey(WebhookEvent, on_delete=models.CASCADE, related_name="deliveries")
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # When the next attempt may start; a running attempt pushes it ahead as its claim.
+    next_attempt_at = models.DateTimeField(default=clock.now)
+    last_status = models.PositiveIntegerField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_delivery_once"),
+        ]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="webhook_due")]
+
+    def __str__(self) -> str:
+        return f"{self.event_id} → {self.endpoint_id} ({self.state})"
+
+
+class WebhookAttempt(models.Model):
+    delivery = models.ForeignKey(
+        WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log"
+    )
+    number = models.PositiveIntegerField()
+    attempted_at = models.DateTimeField(default=clock.now)
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(default=0)
+    # A short reason code when no HTTP answer came back (refused, timeout, connect, …).
+    error = models.CharField(max_length=32, blank=True)
+
+    class Meta:
+        ordering = ["delivery_id", "number"]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.delivery_id}"
