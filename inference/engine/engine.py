@@ -82,6 +82,7 @@ class _Sequence:
     blocks: list[int] = field(default_factory=list)  # the block table
     digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
+    preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
 
     @property
     def length(self) -> int:
@@ -508,7 +509,7 @@ class Engine:
         if seq.computed % bs or len(seq.blocks) * bs != seq.computed:
             return
         scope = seq.owner.request.cache_scope
-        counts_as_cached = not seq.tokens and seq.choice == 0
+        counts_as_cached = not seq.tokens and seq.choice == 0 and not seq.preempted
         while seq.computed + bs <= seq.length - 1:
             parent = seq.digests[-1] if seq.digests else b""
             digest = block_digest(parent, scope, seq.span(seq.computed, seq.computed + bs))
@@ -541,6 +542,7 @@ class Engine:
         """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
         self._pool.release(seq.blocks)
         seq.blocks, seq.digests, seq.computed = [], [], 0
+        seq.preempted = True
 
     def _fork(self, seq: _Sequence) -> list[_Sequence]:
         """The other n-1 choices of a request, sharing the blocks of its prefilled prompt."""
