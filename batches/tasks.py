@@ -10,11 +10,11 @@ import logging
 
 import dramatiq
 
+from batches.execution import serve_key
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
 from batches.models import Batch
 from batches.sweeps import sweep_work
-from inference.worker import serve_key
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +25,16 @@ ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 @dramatiq.actor(queue_name="engine", max_retries=3, time_limit=ENGINE_TIME_LIMIT_MS)
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     key = EngineKey(revision_id, deployment_id)
-    done = serve_key(key, budget_seconds=ENGINE_BUDGET_SECONDS)
-    for batch_id in sorted(done):
+    sent: set[str] = set()
+
+    def batch_done(batch_id: str) -> None:  # finalize as soon as known, not at the end
+        sent.add(batch_id)
+        finalize.send(batch_id)
+
+    done = serve_key(
+        key, budget_seconds=ENGINE_BUDGET_SECONDS, threaded=True, on_batch_done=batch_done
+    )
+    for batch_id in sorted(done - sent):
         finalize.send(batch_id)
     if key in keys_with_claimable_items():
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
