@@ -33,9 +33,8 @@ from files.models import File
 from files.selectors import file_get_for_org
 from files.services import file_iter_lines
 from inference.chat_completions import max_output_tokens, prompt_ids
-from inference.engine.loading import ModelLoadError
-from inference.runtime import tokenizer_for
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
+from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +90,22 @@ def _input_file(*, org: Organization, file_id: str) -> File:
     return file
 
 
+def _recheck_input(file: File) -> None:
+    """Inside the acceptance transaction: the file, locked, is still there.
+
+    `_plan` read it outside the transaction (decrypting and counting takes time); a delete
+    that landed since then must win: one of the two requests fails, never both succeed.
+    The delete locks the same row, so it waits for us or we see its result.
+    """
+    current = File.objects.select_for_update().filter(pk=file.pk).first()
+    if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
+        raise InvalidRequest(
+            f"Input file {file.id} was deleted.",
+            code="invalid_input_file_id",
+            param="input_file_id",
+        )
+
+
 def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
     file = _input_file(org=org, file_id=submission.input_file_id)
     try:
@@ -102,8 +117,8 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             param="input_file_id",
         ) from exc
     try:
-        tokenizer = tokenizer_for(target.revision)
-    except ModelLoadError as exc:
+        tokenizer = chat_tokenizer_for(target.revision)
+    except TokenizerUnavailable as exc:
         logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
         raise ServiceUnavailable(
             f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
@@ -253,6 +268,7 @@ def batch_create(
             # One org's creates serialize here: capacity and credit are checked and held
             # atomically, so two racing batches cannot both spend the last credit.
             Organization.objects.select_for_update().get(pk=org.pk)
+            _recheck_input(plan.file)
             _check_capacity(org=org, plan=plan)
             _check_credit(org=org, plan=plan)
             try:

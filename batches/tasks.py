@@ -10,7 +10,6 @@ import logging
 
 import dramatiq
 
-from batches.execution import serve_key
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
 from batches.models import Batch
@@ -24,6 +23,10 @@ ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 
 @dramatiq.actor(queue_name="engine", max_retries=3, time_limit=ENGINE_TIME_LIMIT_MS)
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
+    # Imported here on purpose: the web process declares this actor only to send it, and must
+    # never load the engine (torch); only worker processes run it.
+    from batches.execution import serve_key
+
     key = EngineKey(revision_id, deployment_id)
     sent: set[str] = set()
 
