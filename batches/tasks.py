@@ -35,12 +35,20 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
         finalize.send(batch_id)
 
     done = serve_key(
-        key, budget_seconds=ENGINE_BUDGET_SECONDS, threaded=True, on_batch_done=batch_done
+        key,
+        budget_seconds=ENGINE_BUDGET_SECONDS,
+        threaded=True,
+        on_batch_done=batch_done,
+        on_more_work=lambda: _wake_another(revision_id, deployment_id),
     )
     for batch_id in sorted(done - sent):
         finalize.send(batch_id)
     if key in keys_with_claimable_items():
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
+
+
+def _wake_another(revision_id: str, deployment_id: str) -> None:
+    engine_wake.send(revision_id, deployment_id)
 
 
 @dramatiq.actor(queue_name="batches", max_retries=20, min_backoff=1_000, max_backoff=30_000)

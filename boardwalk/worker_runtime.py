@@ -85,6 +85,9 @@ class WorkerRuntime:
             worker_threads=threads or settings.WORKER_THREADS,
             worker_timeout=1000,
         )
+        # Take one message per thread at a time: a wake-up buffered by a worker busy serving
+        # would wait there while another worker sits idle (scale-out relies on it).
+        self.worker.queue_prefetch = self.worker.worker_threads
         self.sweeper = Sweeper(sweep_interval or settings.SWEEP_INTERVAL_SECONDS)
         self.liveness = Liveness(settings.WORKER_HEARTBEAT_SECONDS)
 

@@ -53,6 +53,7 @@ def serve_key(
     max_items: int | None = None,
     threaded: bool = False,
     on_batch_done: Callable[[str], None] | None = None,
+    on_more_work: Callable[[], None] | None = None,
 ) -> set[str]:
     """Run the engine for `key` until no claimable item is left or the budget is spent.
 
@@ -60,6 +61,8 @@ def serve_key(
     `on_batch_done` is also called with each as soon as it is known. Only one thread per
     process serves a key at a time: a second wake-up returns at once, since the first
     claims new items as it goes. `max_items` stops claiming after that many (tests).
+    `on_more_work` is called once if the first claim filled a whole group: more work is
+    waiting, so the caller can wake another worker (scale-out fans out one wake-up at a time).
     """
     with _serving_lock:
         if key in _serving:
@@ -74,7 +77,7 @@ def serve_key(
         except ModelLoadError as exc:
             logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
             return _fail_batches_of(key, message=str(exc))
-        run = _Run(key, engine, budget_seconds, max_items, on_batch_done)
+        run = _Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work)
         with engine_lock(revision.id):
             if threaded:
                 run.threaded()
@@ -121,8 +124,10 @@ class _Run:
         budget_seconds: float,
         max_items: int | None,
         on_batch_done: Callable[[str], None] | None,
+        on_more_work: Callable[[], None] | None = None,
     ) -> None:
         self.key = key
+        self.on_more_work = on_more_work
         self.engine = engine
         self.owner = worker_id()
         self.stop_at = time.monotonic() + budget_seconds
@@ -173,6 +178,9 @@ class _Run:
             return None
         if self.remaining is not None:
             self.remaining -= len(prepared)
+        if self.on_more_work is not None and len(prepared) >= self.prepare.group_size:
+            more, self.on_more_work = self.on_more_work, None
+            more()
         for p in prepared:
             self._hold(p.request.id if isinstance(p, Work) else f"prep:{p.item.pk}", p.item)
         return prepared
