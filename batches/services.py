@@ -90,14 +90,36 @@ def _input_file(*, org: Organization, file_id: str) -> File:
     return file
 
 
-def _recheck_input(file: File) -> None:
+def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
+    index = file.line_index or []
+    items = []
+    lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))
+    for i, (row, line) in enumerate(zip(index, lines, strict=True)):
+        body = orjson.loads(line)["body"]
+        offset, length, custom_id, _, n = row
+        items.append(
+            ItemPlan(
+                i,
+                custom_id,
+                offset,
+                length,
+                max_output_tokens(body),
+                n,
+                len(prompt_ids(tokenizer, body)),
+            )
+        )
+    return items
+
+
+def _recheck_input(file: File, *, lock: bool = True) -> None:
     """Inside the acceptance transaction: the file, locked, is still there.
 
     `_plan` read it outside the transaction (decrypting and counting takes time); a delete
     that landed since then must win: one of the two requests fails, never both succeed.
     The delete locks the same row, so it waits for us or we see its result.
     """
-    current = File.objects.select_for_update().filter(pk=file.pk).first()
+    rows = File.objects.select_for_update() if lock else File.objects.all()
+    current = rows.filter(pk=file.pk).first()
     if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
         raise InvalidRequest(
             f"Input file {file.id} was deleted.",
@@ -125,23 +147,12 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             "retry later or contact support.",
             code="model_unavailable",
         ) from exc
-    index = file.line_index or []
-    items = []
-    lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))
-    for i, (row, line) in enumerate(zip(index, lines, strict=True)):
-        body = orjson.loads(line)["body"]
-        offset, length, custom_id, _, n = row
-        items.append(
-            ItemPlan(
-                i,
-                custom_id,
-                offset,
-                length,
-                max_output_tokens(body),
-                n,
-                len(prompt_ids(tokenizer, body)),
-            )
-        )
+    try:
+        items = _count_items(file, tokenizer)
+    except Exception:
+        # A DELETE that landed while we read destroys the key and the blob under us.
+        _recheck_input(file, lock=False)
+        raise
     if target.catalog is not None:
         prices = TokenPrices(
             target.catalog.price_input,

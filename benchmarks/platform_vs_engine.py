@@ -1,8 +1,11 @@
 """The platform end to end against the engine alone (issue 6): generated tokens per second.
 
-    .venv/bin/python benchmarks/platform.py [--model-size tiny|bench] [--requests 256]
+(Issue 6 calls it benchmarks/platform.py; a script named platform.py in this folder would
+shadow the standard library's `platform` module for every benchmark here, torch included.)
+
+    .venv/bin/python benchmarks/platform_vs_engine.py [--model-size tiny|bench] [--requests 256]
         [--rounds 5]            # embedded default (SQLite, in-process worker)
-    DATABASE_URL=… REDIS_URL=… .venv/bin/python benchmarks/platform.py …   # a worker process
+    DATABASE_URL=… REDIS_URL=… .venv/bin/python benchmarks/platform_vs_engine.py …   # a worker process
 
 Runs the same chat requests (mixed prompt lengths and max_tokens, fixed RNG, greedy) through
 (a) the `Engine` alone, prompts already tokenized, and (b) the platform end to end: upload the
