@@ -149,7 +149,8 @@ def main() -> None:
             wait_ready(name)
         # Warm-up (not timed): every worker loads its engine (here: the tokenizer).
         warm = b"".join(lines.splitlines(keepends=True)[: count * 2 * args.batch_size])
-        while not Batch.objects.get(id=submit(warm)).is_terminal:
+        warm_id = submit(warm)
+        while not Batch.objects.get(id=warm_id).is_terminal:
             time.sleep(0.2)
         batch_id = submit(lines)
         items = BatchItem.objects.filter(batch_id=batch_id)
