@@ -111,15 +111,14 @@ def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
     return items
 
 
-def _recheck_input(file: File, *, lock: bool = True) -> None:
+def _recheck_input(file: File) -> None:
     """Inside the acceptance transaction: the file, locked, is still there.
 
     `_plan` read it outside the transaction (decrypting and counting takes time); a delete
     that landed since then must win: one of the two requests fails, never both succeed.
     The delete locks the same row, so it waits for us or we see its result.
     """
-    rows = File.objects.select_for_update() if lock else File.objects.all()
-    current = rows.filter(pk=file.pk).first()
+    current = File.objects.select_for_update().filter(pk=file.pk).first()
     if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
         raise InvalidRequest(
             f"Input file {file.id} was deleted.",
@@ -150,8 +149,10 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
     try:
         items = _count_items(file, tokenizer)
     except Exception:
-        # A DELETE that landed while we read destroys the key and the blob under us.
-        _recheck_input(file, lock=False)
+        # A DELETE that landed while we read destroys the key and the blob under us; the
+        # row lock waits for that delete to commit, so the check sees its outcome.
+        with transaction.atomic():
+            _recheck_input(file)
         raise
     if target.catalog is not None:
         prices = TokenPrices(
