@@ -301,15 +301,15 @@ def batch_revoke_leases(*, batch_id: str) -> int:
     )
 
 
-def leases_recover(*, dead_processes: Iterable[str] = ()) -> tuple[int, int]:
+def leases_recover(*, dead_processes: Iterable[str] = (), expired: bool = True) -> tuple[int, int]:
     """Return abandoned items to the queue; fail those out of attempts.
 
-    Abandoned: the lease expired, or the lease belongs to a worker process that stopped
-    stamping its liveness row (`dead_processes`, see batches.liveness). Returns (requeued,
-    failed). A crashed worker's items are retried by whoever claims next.
+    Abandoned: the lease expired (unless `expired=False`), or the lease belongs to a worker
+    process that stopped stamping its liveness row (`dead_processes`, see batches.liveness).
+    Returns (requeued, failed). A crashed worker's items are retried by whoever claims next.
     """
     now = clock.now()
-    abandoned = Q(lease_expires_at__lte=now)
+    abandoned = Q(lease_expires_at__lte=now) if expired else Q(pk__in=[])
     for process in dead_processes:
         abandoned |= Q(lease_owner__startswith=f"{process}:")
     running = Q(state=BatchItem.State.RUNNING) & abandoned

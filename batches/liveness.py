@@ -18,6 +18,7 @@ import socket
 import threading
 
 from django.conf import settings
+from django.db import transaction
 
 from batches.items import EngineKey, keys_with_claimable_items, leases_recover
 from batches.models import WorkerProcess
@@ -53,13 +54,22 @@ def worker_leave(*, process: str) -> None:
 
 
 def dead_workers_recover() -> set[EngineKey]:
-    """Free the leases of worker processes that fell silent; returns engine keys to wake."""
+    """Free the leases of worker processes that fell silent; returns engine keys to wake.
+
+    The dead rows are locked (SKIP LOCKED) while their leases are freed, so when several
+    processes notice the same death only one of them does the work.
+    """
     cutoff = clock.now() - dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
-    dead = list(WorkerProcess.objects.filter(seen_at__lt=cutoff).values_list("id", flat=True))
-    if not dead:
-        return set()
-    requeued, failed = leases_recover(dead_processes=dead)
-    WorkerProcess.objects.filter(id__in=dead, seen_at__lt=cutoff).delete()
+    with transaction.atomic():
+        dead = list(
+            WorkerProcess.objects.select_for_update(skip_locked=True)
+            .filter(seen_at__lt=cutoff)
+            .values_list("id", flat=True)
+        )
+        if not dead:
+            return set()
+        requeued, failed = leases_recover(dead_processes=dead, expired=False)
+        WorkerProcess.objects.filter(id__in=dead).delete()
     logger.warning(
         "worker(s) silent for %ss: %s; requeued=%s failed=%s",
         settings.WORKER_DEAD_AFTER_SECONDS,

@@ -3,9 +3,11 @@
 (Issue 6 calls it benchmarks/platform.py; a script named platform.py in this folder would
 shadow the standard library's `platform` module for every benchmark here, torch included.)
 
-    .venv/bin/python benchmarks/platform_vs_engine.py [--model-size tiny|bench] [--requests 256]
-        [--rounds 5]            # embedded default (SQLite, in-process worker)
-    DATABASE_URL=… REDIS_URL=… .venv/bin/python benchmarks/platform_vs_engine.py …   # a worker process
+    # embedded default (SQLite, in-process worker):
+    .venv/bin/python benchmarks/platform_vs_engine.py [--model-size tiny|bench]
+        [--requests 256] [--rounds 5]
+    # PostgreSQL + Redis with a separate worker process:
+    DATABASE_URL=… REDIS_URL=… .venv/bin/python benchmarks/platform_vs_engine.py …
 
 Runs the same chat requests (mixed prompt lengths and max_tokens, fixed RNG, greedy) through
 (a) the `Engine` alone, prompts already tokenized, and (b) the platform end to end: upload the

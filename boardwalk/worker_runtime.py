@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import dramatiq
 from django.conf import settings
@@ -55,11 +56,16 @@ class Liveness(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        last_beat = time.monotonic()
         try:
             while True:
                 try:
                     worker_beat(process=self.process)
-                    for key in dead_workers_recover():
+                    # A process that was itself stalled (CPU starved, paused) sees every
+                    # other row as old: it judges nobody until it has beaten on time again.
+                    on_time = time.monotonic() - last_beat <= 2 * self.interval
+                    last_beat = time.monotonic()
+                    for key in dead_workers_recover() if on_time else ():
                         engine_wake.send(key.revision_id, key.deployment_id)
                 except Exception as exc:
                     logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)
