@@ -12,7 +12,6 @@ import dramatiq
 
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
-from batches.models import Batch
 from batches.sweeps import sweep_work
 from inference.worker import serve_key
 
@@ -47,12 +46,3 @@ def sweep() -> None:
         finalize.send(batch_id)
     for key in report.to_wake:
         engine_wake.send(key.revision_id, key.deployment_id)
-
-
-def engine_wake_later(batch: Batch) -> None:
-    """Call from transaction.on_commit: the worker must find the committed rows."""
-    engine_wake.send(batch.revision_id, batch.deployment_id or "")
-
-
-def batch_finalize_later(batch_id: str) -> None:
-    finalize.send(batch_id)

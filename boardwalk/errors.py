@@ -7,6 +7,8 @@ DRF's and Django's own exceptions, in the same envelope:
 
 The OpenAI SDK retries 408/409/429/5xx unless told otherwise, so every client error that a
 retry cannot fix carries `x-should-retry: false`, and 429 carries `Retry-After` (SPEC §10a).
+A database or broker that cannot be reached is an outage, not a bug: it answers 503 with
+`Retry-After` and `x-should-retry: true`, never 500.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import InterfaceError as DatabaseInterfaceError
+from django.db import OperationalError as DatabaseOperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -110,8 +115,24 @@ class RangeNotSatisfiable(BoardwalkError):
 
 
 class ServiceUnavailable(BoardwalkError):
+    """Temporarily unable to answer; the same request will succeed later."""
+
     status = 503
     code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 2, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("Retry-After", str(retry_after))
+
+
+# Lost or refused connections, lock and statement timeouts, a database restarting: the
+# request may succeed as it is once the outage passes.
+_OUTAGES: tuple[type[BaseException], ...] = (
+    DatabaseOperationalError,
+    DatabaseInterfaceError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 
 
 class CapacityExceeded(BoardwalkError):
@@ -145,9 +166,12 @@ def envelope(
 
 
 def retry_headers(status: int) -> dict[str, str]:
-    # 429 is the one client error worth retrying (after Retry-After); 5xx stays retryable.
+    # 429 is the one client error worth retrying (after Retry-After); 5xx stays retryable,
+    # and 503 says so explicitly (SPEC §10a).
     if 400 <= status < 500 and status not in (408, 429):
         return {"x-should-retry": "false"}
+    if status == 503:
+        return {"x-should-retry": "true"}
     return {}
 
 
@@ -209,6 +233,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return render(ScopeError("Permission denied."))
     if isinstance(exc, drf.APIException):
         return render(_from_drf(exc))
+    if isinstance(exc, _OUTAGES):
+        # The type only: a driver message can quote the statement and its parameters.
+        logger.error("outage answered 503: %s", type(exc).__name__)
+        return render(
+            ServiceUnavailable(
+                "A backing service (database or queue) is unavailable right now; retry shortly.",
+                code="backend_unavailable",
+            )
+        )
     return None  # unexpected: Django's 500 handler (below) answers in the envelope
 
 

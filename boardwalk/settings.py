@@ -83,7 +83,27 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Persistent connections, checked before each request reuses one: a connection that
+    # PostgreSQL dropped (restart, failover, terminated backend) is replaced, not a 500.
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    }
+    # Time bounds on every session, so a stuck or paused process cannot stall the others:
+    # a lock wait gives up (the caller retries or answers 503), a runaway statement is
+    # cancelled, and a transaction left open by a frozen process is ended, releasing its
+    # row locks. Zero disables one. Values in milliseconds.
+    _time_bounds = {
+        "lock_timeout": env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 10_000),
+        "statement_timeout": env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 120_000),
+        "idle_in_transaction_session_timeout": env_int(
+            "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 60_000
+        ),
+    }
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = " ".join(
+        [*filter(None, [_options.get("options", "")])]
+        + [f"-c {name}={value}" for name, value in _time_bounds.items()]
+    )
 else:
     DATABASES = {
         "default": {
@@ -159,6 +179,8 @@ IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
 GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMATE", 2_000)
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
+# Test only (tests/faults/): the named boardwalk.faultpoints point stops this process.
+TEST_FAULT_POINT = env_str("BOARDWALK_TEST_FAULT_POINT")
 
 # Uploads never go through Django's handlers: POST /v1/files parses its multipart body
 # itself (files/multipart.py), validating and encrypting as bytes arrive; any other upload
