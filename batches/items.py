@@ -18,6 +18,7 @@ from django.db.models import F, Q
 
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.faultpoints import fault_point
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem
         ids = list(candidates)
         if not ids:
             return []
+        fault_point("items_claim.locked")  # test only: the candidates are row-locked here
         BatchItem.objects.filter(id__in=ids, state=BatchItem.State.PENDING).update(
             state=BatchItem.State.RUNNING,
             lease_owner=worker_id,
@@ -125,6 +127,7 @@ def item_finish(
             return False
         counter = "completed" if succeeded else "failed"
         Batch.objects.filter(id=item.batch_id).update(**{counter: F(counter) + 1})
+        fault_point("item_finish.in_transaction")  # test only: holding the item's row lock
     return True
 
 

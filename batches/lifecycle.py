@@ -21,6 +21,7 @@ from batches.models import Batch, BatchItem
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
 from boardwalk import clock
+from boardwalk.faultpoints import fault_point
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.limits import MAX_RESULT_FILE_BYTES
@@ -208,6 +209,7 @@ def _publish(batch: Batch) -> Batch:
             credit_settle(
                 org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
             )
+            fault_point("batch_publish.in_transaction")  # test only: before the commit
     # Accepted input is removed once the batch is terminal (SPEC §9). If this process dies
     # right here, the retention sweep shreds it instead.
     _shred_input(batch.input_file_id)

@@ -93,10 +93,10 @@ if DATABASE_URL:
     # cancelled, and a transaction left open by a frozen process is ended, releasing its
     # row locks. Zero disables one. Values in milliseconds.
     _time_bounds = {
-        "lock_timeout": env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 10_000),
-        "statement_timeout": env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 120_000),
+        "lock_timeout": env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 5_000),
+        "statement_timeout": env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 60_000),
         "idle_in_transaction_session_timeout": env_int(
-            "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 60_000
+            "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 30_000
         ),
     }
     _options = DATABASES["default"].setdefault("OPTIONS", {})
