@@ -391,10 +391,12 @@ class Stack:
         chosen: list[Proc] = []
         for env in envs:
             match = next((p for p in running if p.extra == env and p not in chosen), None)
-            chosen.append(match or self.start_worker(f"worker-{len(self.procs)}", **env))
+            chosen.append(match or self.spawn_worker(**env))
         for proc in running:
             if proc not in chosen:
                 proc.stop()
+        for proc in chosen:
+            self._wait_ready(proc)
         return chosen
 
     def tidy(self) -> None:
@@ -422,13 +424,22 @@ class Stack:
         finally:
             conn.close()
 
-    def start_worker(self, name: str, **env: str) -> Proc:
+    def spawn_worker(self, **env: str) -> Proc:
+        """Start a worker without waiting for it (it loads torch meanwhile)."""
+        name = f"worker-{len(self.procs)}"
         proc = self._spawn(
             name, ["run_worker", "--threads", "1", "--sweep-interval", "1"], self.env(**env)
         )
         proc.extra = dict(env)
-        wait_for(lambda: "worker ready" in proc.log.read_text(), timeout=120, what=name)
         return proc
+
+    def _wait_ready(self, proc: Proc) -> None:
+        def ready() -> bool:
+            if not proc.alive():
+                pytest.fail(f"{proc.name} exited:\n{proc.tail()}")
+            return "worker ready" in proc.log.read_text()
+
+        wait_for(ready, timeout=180, what=proc.name)
 
     def close(self) -> None:
         for proc in self.procs:

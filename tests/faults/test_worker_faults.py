@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from batches.models import BatchItem
+from batches.models import Batch, BatchItem
 from tests.conftest import make_tenant, postgres_only, redis_only
 from tests.faults.conftest import (
     PROCESS_SETTINGS,
@@ -57,6 +57,17 @@ def _holder(workers: list[Proc], batch_id: str, rng: random.Random) -> Proc:
     return rng.choice(holders)
 
 
+def _freeze_first(client: Http, frozen: Proc, other: Proc, rows: list[dict], *, key: str) -> int:
+    """Submit a batch that only `frozen` can start, wait until it stopped at its pause point,
+    then let `other` work: the other worker cannot race it to the point (or to every item)."""
+    other.signal_all(signal.SIGSTOP)
+    try:
+        submit(client, rows, key=key)
+        return int(wait_for(frozen.stopped_pid, timeout=180, what=f"{frozen.name} to stop"))
+    finally:
+        other.signal_all(signal.SIGCONT)
+
+
 def _wait_done(batch_id: str, count: int) -> None:
     wait_for(lambda: items_done(batch_id) >= count, what=f"{count} items done")
 
@@ -83,6 +94,7 @@ def test_kill_9_of_a_worker_at_random_moments(stack: Stack, catalog_model, scena
         held = leased_by(victim, batch_id)
         since = time.monotonic()
         victim.kill9()
+        stack.spawn_worker()  # its replacement starts meanwhile, as a supervisor would
         recovery = time_to_reclaim(held, victim, since)
         if recovery is not None:
             record.recovery.append(recovery)
@@ -143,9 +155,9 @@ def test_database_sessions_killed_during_claims(stack: Stack, catalog_model, sce
     frozen_env = {"BOARDWALK_TEST_FAULT_POINT": "items_claim.locked"}
     frozen, other = stack.workers(frozen_env, {})
     rows = batch_rows(ITEMS, tag="c-")
-    batch_id = submit(client, rows, key="claims")
     # Caught inside its claim transaction, holding the claimed rows locked.
-    stopped = wait_for(frozen.stopped_pid, timeout=120, what="a worker stopped in its claim")
+    stopped = _freeze_first(client, frozen, other, rows, key="claims")
+    batch_id = Batch.objects.get().id
     killed = terminate_backends(backends_of([stopped]))
     os.kill(stopped, signal.SIGCONT)
     since = time.monotonic()
@@ -184,10 +196,10 @@ def test_worker_frozen_inside_a_transaction_stalls_nobody_for_long(
 ):
     client = _client(stack)
     frozen_env = {"BOARDWALK_TEST_FAULT_POINT": "item_finish.in_transaction"}
-    frozen = stack.workers(frozen_env, {})[0]
+    frozen, other = stack.workers(frozen_env, {})
     rows = batch_rows(ITEMS, tag="z-")
-    batch_id = submit(client, rows, key="frozen")
-    stopped = wait_for(frozen.stopped_pid, timeout=120, what="a worker frozen in item_finish")
+    stopped = _freeze_first(client, frozen, other, rows, key="frozen")
+    batch_id = Batch.objects.get().id
     # Keep it frozen for three idle-in-transaction timeouts and watch the others' progress.
     idle = int(PROCESS_SETTINGS["BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS"]) / 1000
     start = last = time.monotonic()
