@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Min, Q, QuerySet
 
 from batches.models import Batch, BatchItem
 from boardwalk import clock
@@ -37,29 +38,98 @@ def _lease_until() -> dt.datetime:
     return clock.now() + dt.timedelta(seconds=settings.ITEM_LEASE_SECONDS)
 
 
-def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem]:
-    """Lease up to `limit` pending items, earliest deadline first.
+@dataclass
+class ClaimGroup:
+    """What one claim did: the items now leased, and the batches of items it ended instead
+    (out of attempts) — those batches may have no open item left."""
+
+    items: list[BatchItem]
+    ended_batch_ids: set[str]
+
+
+def _claimable(
+    key: EngineKey, now: dt.datetime, base: QuerySet[BatchItem] | None = None
+) -> QuerySet[BatchItem]:
+    return (BatchItem.objects.all() if base is None else base).filter(
+        revision_id_key=key.revision_id,
+        deployment_id_key=key.deployment_id,
+        state=BatchItem.State.PENDING,
+        deadline__gt=now,
+        batch__status=Batch.Status.IN_PROGRESS,
+        batch__outcome="",
+    )
+
+
+def _fair_candidates(key: EngineKey, now: dt.datetime, limit: int) -> list[tuple[int, int]]:
+    """(id, attempts) of up to `limit` claimable items, locked, shared fairly between orgs.
+
+    Organizations are taken in the order of their earliest deadline and each gets an equal
+    share of the group (earliest deadline first within it); shares an org cannot fill go to
+    the others in plain deadline order. So one org's large backlog delays another org's
+    small batch by a claim group or two, not by the whole backlog (SPEC §11).
+    """
+    orgs = list(
+        _claimable(key, now)
+        .values("org_id_key")
+        .annotate(first=Min("deadline"))
+        .order_by("first", "org_id_key")
+        .values_list("org_id_key", flat=True)[:limit]
+    )
+    if not orgs:
+        return []
+    share = -(-limit // len(orgs))
+    locked = BatchItem.objects.select_for_update(skip_locked=True, of=("self",))
+    order = ("deadline", "batch_id", "index")
+    chosen: list[tuple[int, int]] = []
+    for org_id in orgs:
+        room = min(share, limit - len(chosen))
+        if room <= 0:
+            break
+        rows = (
+            _claimable(key, now, locked)
+            .filter(org_id_key=org_id)
+            .order_by(*order)
+            .values_list("id", "attempts")[:room]
+        )
+        chosen.extend(rows)
+    if len(chosen) < limit:
+        taken = [pk for pk, _ in chosen]
+        rows = (
+            _claimable(key, now, locked)
+            .exclude(pk__in=taken)
+            .order_by(*order)
+            .values_list("id", "attempts")[: limit - len(chosen)]
+        )
+        chosen.extend(rows)
+    return chosen
+
+
+def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGroup:
+    """Lease up to `limit` pending items (fair between orgs, earliest deadline first).
 
     Each claim increments the item's lease_token: the fencing token its result must carry.
+    An item that already used BOARDWALK_ITEM_MAX_ATTEMPTS claims is not leased again: it ends
+    here as an `internal_error` row (a poison item that crashes whole workers stops looping).
     """
     now = clock.now()
     with transaction.atomic():
-        candidates = (
-            BatchItem.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(
-                revision_id_key=key.revision_id,
-                deployment_id_key=key.deployment_id,
-                state=BatchItem.State.PENDING,
-                deadline__gt=now,
-                batch__status=Batch.Status.IN_PROGRESS,
-                batch__outcome="",
+        chosen = _fair_candidates(key, now, limit)
+        if not chosen:
+            return ClaimGroup([], set())
+        spent = [pk for pk, attempts in chosen if attempts >= settings.ITEM_MAX_ATTEMPTS]
+        ids = [pk for pk, attempts in chosen if attempts < settings.ITEM_MAX_ATTEMPTS]
+        ended: set[str] = set()
+        if spent:
+            BatchItem.objects.filter(id__in=spent, state=BatchItem.State.PENDING).update(
+                state=BatchItem.State.FAILED,
+                error_code="internal_error",
+                lease_token=F("lease_token") + 1,
+                completed_at=now,
             )
-            .order_by("deadline", "batch_id", "index")
-            .values_list("id", flat=True)[:limit]
-        )
-        ids = list(candidates)
+            ended = set(BatchItem.objects.filter(id__in=spent).values_list("batch_id", flat=True))
+            logger.warning("%s item(s) out of attempts ended as internal_error", len(spent))
         if not ids:
-            return []
+            return ClaimGroup([], ended)
         fault_point("items_claim.locked")  # test only: the candidates are row-locked here
         BatchItem.objects.filter(id__in=ids, state=BatchItem.State.PENDING).update(
             state=BatchItem.State.RUNNING,
@@ -69,13 +139,19 @@ def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem
             attempts=F("attempts") + 1,
             started_at=now,
         )
-        return list(
+        items = list(
             BatchItem.objects.filter(
                 id__in=ids, lease_owner=worker_id, state=BatchItem.State.RUNNING
             )
             .select_related("batch", "batch__input_file")
             .order_by("deadline", "batch_id", "index")
         )
+        return ClaimGroup(items, ended)
+
+
+def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem]:
+    """`items_claim_group`'s leased items."""
+    return items_claim_group(key=key, worker_id=worker_id, limit=limit).items
 
 
 def items_heartbeat(*, worker_id: str, item_ids: list[int]) -> int:
@@ -85,6 +161,73 @@ def items_heartbeat(*, worker_id: str, item_ids: list[int]) -> int:
     return BatchItem.objects.filter(
         id__in=item_ids, lease_owner=worker_id, state=BatchItem.State.RUNNING
     ).update(lease_expires_at=_lease_until())
+
+
+@dataclass
+class ItemOutcome:
+    """A finished item as the record stage writes it (no content beyond the sealed row)."""
+
+    item: BatchItem
+    succeeded: bool
+    result: bytes | None = None
+    error_code: str = ""
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    gpu_seconds: float = 0.0
+
+
+def _fenced(item: BatchItem, worker_id: str, now: dt.datetime) -> QuerySet[BatchItem]:
+    """The item's row, only while this worker's lease on it is current and unexpired.
+
+    The compare-and-set on (state, owner, token) fences off a worker whose item was
+    re-claimed or whose batch stopped; the expiry check fences off one that paused past its
+    lease although nobody has re-claimed the item yet.
+    """
+    return BatchItem.objects.filter(
+        id=item.id,
+        state=BatchItem.State.RUNNING,
+        lease_owner=worker_id,
+        lease_token=item.lease_token,
+        lease_expires_at__gt=now,
+    )
+
+
+def items_record(
+    *,
+    outcomes: list[ItemOutcome],
+    worker_id: str,
+    in_transaction: Callable[[list[ItemOutcome]], None] | None = None,
+) -> list[bool]:
+    """Write a group of results in ONE transaction, each row under its own fencing token.
+
+    Returns, per outcome, whether it was written (False: the lease was lost). The batch row
+    is not touched: request counts are derived from item states until finalization fixes
+    them, so no row is locked by every item write. `in_transaction` runs inside the same
+    transaction with the outcomes that were written (per-item usage facts).
+    """
+    now = clock.now()
+    written: list[bool] = []
+    with transaction.atomic():
+        for o in outcomes:
+            state = BatchItem.State.SUCCEEDED if o.succeeded else BatchItem.State.FAILED
+            updated = _fenced(o.item, worker_id, now).update(
+                state=state,
+                result=o.result,
+                error_code=o.error_code,
+                usage_prompt_tokens=o.prompt_tokens,
+                usage_cached_tokens=o.cached_tokens if o.succeeded else 0,
+                usage_completion_tokens=o.completion_tokens if o.succeeded else 0,
+                gpu_seconds=F("gpu_seconds") + o.gpu_seconds,
+                lease_owner="",
+                lease_expires_at=None,
+                completed_at=now,
+            )
+            written.append(bool(updated))
+        fault_point("item_finish.in_transaction")  # test only: holding the written rows' locks
+        if in_transaction is not None:
+            in_transaction([o for o, ok in zip(outcomes, written, strict=True) if ok])
+    return written
 
 
 def item_finish(
@@ -99,36 +242,18 @@ def item_finish(
     completion_tokens: int = 0,
     gpu_seconds: float = 0.0,
 ) -> bool:
-    """Record an item's result; False if the lease was lost (another worker owns it now).
-
-    The compare-and-set on (state, owner, token) is the fence: a worker that paused past
-    its lease, or whose batch was cancelled meanwhile, cannot overwrite or double-publish.
-    """
-    state = BatchItem.State.SUCCEEDED if succeeded else BatchItem.State.FAILED
-    with transaction.atomic():
-        updated = BatchItem.objects.filter(
-            id=item.id,
-            state=BatchItem.State.RUNNING,
-            lease_owner=worker_id,
-            lease_token=item.lease_token,
-        ).update(
-            state=state,
-            result=result,
-            error_code=error_code,
-            usage_prompt_tokens=prompt_tokens,
-            usage_cached_tokens=cached_tokens,
-            usage_completion_tokens=completion_tokens,
-            gpu_seconds=F("gpu_seconds") + gpu_seconds,
-            lease_owner="",
-            lease_expires_at=None,
-            completed_at=clock.now(),
-        )
-        if not updated:
-            return False
-        counter = "completed" if succeeded else "failed"
-        Batch.objects.filter(id=item.batch_id).update(**{counter: F(counter) + 1})
-        fault_point("item_finish.in_transaction")  # test only: holding the item's row lock
-    return True
+    """Record one item's result; False if the lease was lost (see `items_record`)."""
+    outcome = ItemOutcome(
+        item,
+        succeeded,
+        result,
+        error_code,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens,
+        gpu_seconds,
+    )
+    return items_record(outcomes=[outcome], worker_id=worker_id)[0]
 
 
 def item_release(*, item: BatchItem, worker_id: str, gpu_seconds: float = 0.0) -> None:
@@ -150,6 +275,19 @@ def batch_has_open_items(*, batch_id: str) -> bool:
     return BatchItem.objects.filter(batch_id=batch_id, state__in=OPEN_STATES).exists()
 
 
+def batches_without_open_items(*, batch_ids: Iterable[str]) -> set[str]:
+    """Which of these batches have no pending or running item left (one query)."""
+    wanted = set(batch_ids)
+    if not wanted:
+        return set()
+    open_ = set(
+        BatchItem.objects.filter(batch_id__in=wanted, state__in=OPEN_STATES)
+        .values_list("batch_id", flat=True)
+        .distinct()
+    )
+    return wanted - open_
+
+
 def batch_live_leases(*, batch_id: str) -> int:
     return BatchItem.objects.filter(
         batch_id=batch_id, state=BatchItem.State.RUNNING, lease_expires_at__gt=clock.now()
@@ -166,35 +304,27 @@ def batch_revoke_leases(*, batch_id: str) -> int:
     )
 
 
-def leases_recover() -> tuple[int, int]:
-    """Return abandoned items (lease expired) to the queue; fail those out of attempts.
+def leases_recover(*, dead_processes: Iterable[str] = ()) -> tuple[int, int]:
+    """Return abandoned items to the queue; fail those out of attempts.
 
-    Returns (requeued, failed). A crashed worker's items are retried by whoever claims next.
+    Abandoned: the lease expired, or the lease belongs to a worker process that stopped
+    stamping its liveness row (`dead_processes`, see batches.liveness). Returns (requeued,
+    failed). A crashed worker's items are retried by whoever claims next.
     """
     now = clock.now()
-    expired = Q(state=BatchItem.State.RUNNING, lease_expires_at__lte=now)
-    failed_ids = list(
-        BatchItem.objects.filter(expired, attempts__gte=settings.ITEM_MAX_ATTEMPTS).values_list(
-            "id", flat=True
-        )
+    abandoned = Q(lease_expires_at__lte=now)
+    for process in dead_processes:
+        abandoned |= Q(lease_owner__startswith=f"{process}:")
+    running = Q(state=BatchItem.State.RUNNING) & abandoned
+    failed = BatchItem.objects.filter(running, attempts__gte=settings.ITEM_MAX_ATTEMPTS).update(
+        state=BatchItem.State.FAILED,
+        error_code="internal_error",
+        lease_owner="",
+        lease_expires_at=None,
+        lease_token=F("lease_token") + 1,
+        completed_at=now,
     )
-    failed = 0
-    for item in BatchItem.objects.filter(id__in=failed_ids):
-        with transaction.atomic():
-            done = BatchItem.objects.filter(
-                id=item.id, state=BatchItem.State.RUNNING, lease_token=item.lease_token
-            ).update(
-                state=BatchItem.State.FAILED,
-                error_code="internal_error",
-                lease_owner="",
-                lease_expires_at=None,
-                lease_token=F("lease_token") + 1,
-                completed_at=now,
-            )
-            if done:
-                Batch.objects.filter(id=item.batch_id).update(failed=F("failed") + 1)
-                failed += done
-    requeued = BatchItem.objects.filter(expired).update(
+    requeued = BatchItem.objects.filter(running).update(
         state=BatchItem.State.PENDING,
         lease_owner="",
         lease_expires_at=None,

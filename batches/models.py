@@ -187,3 +187,18 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.org_id}:{self.key}"
+
+
+class WorkerProcess(models.Model):
+    """A live worker process: it stamps `seen_at` every few seconds (batches.liveness).
+
+    Item leases name their process (`lease_owner` starts with this id), so when a process
+    falls silent the others free its leases at once instead of waiting for them to expire.
+    """
+
+    id = models.CharField(primary_key=True, max_length=100)
+    started_at = models.DateTimeField(default=clock.now, editable=False)
+    seen_at = models.DateTimeField(default=clock.now, db_index=True)
+
+    def __str__(self) -> str:
+        return self.id

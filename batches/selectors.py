@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from batches.models import Batch, BatchItem
 from boardwalk.errors import InvalidRequest, NotFound
@@ -86,3 +86,12 @@ def receipts_page(
         _after(queryset, after=after, row=cursor, fields=("completed_at", "id"))[: limit + 1]
     )
     return rows[:limit], len(rows) > limit
+
+
+def batch_request_counts(*, batch_id: str) -> tuple[int, int]:
+    """(completed, failed) items of a batch still in progress, from the item states."""
+    counts = BatchItem.objects.filter(batch_id=batch_id).aggregate(
+        completed=Count("id", filter=Q(state=BatchItem.State.SUCCEEDED)),
+        failed=Count("id", filter=Q(state=BatchItem.State.FAILED)),
+    )
+    return counts["completed"], counts["failed"]

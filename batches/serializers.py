@@ -3,12 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 from batches.models import Batch, BatchItem
+from batches.selectors import batch_request_counts
 from boardwalk.clock import unix
 from inference.chat_completions import usage_payload
 
 
 def batch_payload(batch: Batch) -> dict[str, Any]:
     terminal = batch.is_terminal
+    # Fixed at finalization; until then derived from the items (no per-item counter row).
+    completed, failed = (
+        (batch.completed, batch.failed) if terminal else batch_request_counts(batch_id=batch.id)
+    )
     pricing = None
     if batch.billing == Batch.Billing.CATALOG:
         pricing = {
@@ -25,11 +30,7 @@ def batch_payload(batch: Batch) -> dict[str, Any]:
         "input_file_id": batch.input_file_id,
         "completion_window": batch.completion_window,
         "status": batch.status,
-        "request_counts": {
-            "total": batch.total,
-            "completed": batch.completed,
-            "failed": batch.failed,
-        },
+        "request_counts": {"total": batch.total, "completed": completed, "failed": failed},
         "output_file_id": batch.output_file_id if terminal else None,
         "error_file_id": batch.error_file_id if terminal else None,
         "model_config_id": batch.revision_id,

@@ -35,9 +35,8 @@ from files.models import File
 from files.selectors import file_get_for_org
 from files.services import file_iter_lines
 from inference.chat_completions import max_output_tokens, prompt_ids
-from inference.engine.loading import ModelLoadError
-from inference.runtime import tokenizer_for
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
+from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
 
 logger = logging.getLogger(__name__)
 
@@ -93,25 +92,7 @@ def _input_file(*, org: Organization, file_id: str) -> File:
     return file
 
 
-def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
-    file = _input_file(org=org, file_id=submission.input_file_id)
-    try:
-        target = model_resolve(org=org, name=file.model)
-    except ModelNotUsable as exc:
-        raise InvalidRequest(
-            f"The input file's model cannot be used: {exc.message}",
-            code=exc.code,
-            param="input_file_id",
-        ) from exc
-    try:
-        tokenizer = tokenizer_for(target.revision)
-    except ModelLoadError as exc:
-        logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
-        raise ServiceUnavailable(
-            f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
-            "retry later or contact support.",
-            code="model_unavailable",
-        ) from exc
+def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
     index = file.line_index or []
     items = []
     lines = file_iter_lines(file=file, spans=((row[0], row[1]) for row in index))
@@ -129,6 +110,52 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
                 len(prompt_ids(tokenizer, body)),
             )
         )
+    return items
+
+
+def _recheck_input(file: File) -> None:
+    """Inside the acceptance transaction: the file, locked, is still there.
+
+    `_plan` read it outside the transaction (decrypting and counting takes time); a delete
+    that landed since then must win: one of the two requests fails, never both succeed.
+    The delete locks the same row, so it waits for us or we see its result.
+    """
+    current = File.objects.select_for_update().filter(pk=file.pk).first()
+    if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
+        raise InvalidRequest(
+            f"Input file {file.id} was deleted.",
+            code="invalid_input_file_id",
+            param="input_file_id",
+        )
+
+
+def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
+    file = _input_file(org=org, file_id=submission.input_file_id)
+    try:
+        target = model_resolve(org=org, name=file.model)
+    except ModelNotUsable as exc:
+        raise InvalidRequest(
+            f"The input file's model cannot be used: {exc.message}",
+            code=exc.code,
+            param="input_file_id",
+        ) from exc
+    try:
+        tokenizer = chat_tokenizer_for(target.revision)
+    except TokenizerUnavailable as exc:
+        logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
+        raise ServiceUnavailable(
+            f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
+            "retry later or contact support.",
+            code="model_unavailable",
+        ) from exc
+    try:
+        items = _count_items(file, tokenizer)
+    except Exception:
+        # A DELETE that landed while we read destroys the key and the blob under us; the
+        # row lock waits for that delete to commit, so the check sees its outcome.
+        with transaction.atomic():
+            _recheck_input(file)
+        raise
     if target.catalog is not None:
         prices = TokenPrices(
             target.catalog.price_input,
@@ -278,6 +305,7 @@ def _create_claimed(
         # One org's creates serialize here: capacity and credit are checked and held
         # atomically, so two racing batches cannot both spend the last credit.
         Organization.objects.select_for_update().get(pk=org.pk)
+        _recheck_input(plan.file)
         _check_capacity(org=org, plan=plan)
         _check_credit(org=org, plan=plan)
         try:

@@ -13,7 +13,6 @@ import dramatiq
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
 from batches.sweeps import sweep_work
-from inference.worker import serve_key
 
 logger = logging.getLogger(__name__)
 
@@ -23,12 +22,32 @@ ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 
 @dramatiq.actor(queue_name="engine", max_retries=3, time_limit=ENGINE_TIME_LIMIT_MS)
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
+    # Imported here on purpose: the web process declares this actor only to send it, and must
+    # never load the engine (torch); only worker processes run it.
+    from batches.execution import serve_key
+
     key = EngineKey(revision_id, deployment_id)
-    done = serve_key(key, budget_seconds=ENGINE_BUDGET_SECONDS)
-    for batch_id in sorted(done):
+    sent: set[str] = set()
+
+    def batch_done(batch_id: str) -> None:  # finalize as soon as known, not at the end
+        sent.add(batch_id)
+        finalize.send(batch_id)
+
+    done = serve_key(
+        key,
+        budget_seconds=ENGINE_BUDGET_SECONDS,
+        threaded=True,
+        on_batch_done=batch_done,
+        on_more_work=lambda: _wake_another(revision_id, deployment_id),
+    )
+    for batch_id in sorted(done - sent):
         finalize.send(batch_id)
     if key in keys_with_claimable_items():
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
+
+
+def _wake_another(revision_id: str, deployment_id: str) -> None:
+    engine_wake.send(revision_id, deployment_id)
 
 
 @dramatiq.actor(queue_name="batches", max_retries=20, min_backoff=1_000, max_backoff=30_000)

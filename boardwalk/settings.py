@@ -92,12 +92,15 @@ if DATABASE_URL:
     # a lock wait gives up (the caller retries or answers 503), a runaway statement is
     # cancelled, and a transaction left open by a frozen process is ended, releasing its
     # row locks. Zero disables one. Values in milliseconds.
+    DB_LOCK_TIMEOUT_MS = env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 5_000)
+    DB_STATEMENT_TIMEOUT_MS = env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 60_000)
+    DB_IDLE_IN_TRANSACTION_TIMEOUT_MS = env_int(
+        "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 30_000
+    )
     _time_bounds = {
-        "lock_timeout": env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 5_000),
-        "statement_timeout": env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 60_000),
-        "idle_in_transaction_session_timeout": env_int(
-            "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 30_000
-        ),
+        "lock_timeout": DB_LOCK_TIMEOUT_MS,
+        "statement_timeout": DB_STATEMENT_TIMEOUT_MS,
+        "idle_in_transaction_session_timeout": DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
     }
     _options = DATABASES["default"].setdefault("OPTIONS", {})
     _options["options"] = " ".join(
@@ -172,6 +175,18 @@ ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
 ENGINES_PER_PROCESS = env_int("BOARDWALK_ENGINES_PER_PROCESS", 1)
 ITEM_LEASE_SECONDS = env_int("BOARDWALK_ITEM_LEASE_SECONDS", 60)
 ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
+# Worker liveness: each worker process stamps its row this often; a process silent for
+# WORKER_DEAD_AFTER_SECONDS is dead and the others free its leases at once, so recovery
+# after a crash takes seconds while item leases stay long (batches.liveness).
+WORKER_HEARTBEAT_SECONDS = env_int("BOARDWALK_WORKER_HEARTBEAT_SECONDS", 2)
+WORKER_DEAD_AFTER_SECONDS = env_int("BOARDWALK_WORKER_DEAD_AFTER_SECONDS", 8)
+# The execution pipeline (batches.execution): items leased per claim query, and how many
+# finished results one record transaction writes at most.
+EXECUTION_CLAIM_GROUP = env_int("BOARDWALK_EXECUTION_CLAIM_GROUP", 16)
+EXECUTION_RECORD_GROUP = env_int("BOARDWALK_EXECUTION_RECORD_GROUP", 64)
+# "transformers" (the real engine) or "fake:<step ms>" (fixed-time steps, for the scale
+# benchmark: it measures coordination, not the model).
+ENGINE_BACKEND = env_str("BOARDWALK_ENGINE_BACKEND", "transformers")
 SWEEP_INTERVAL_SECONDS = env_int("BOARDWALK_SWEEP_INTERVAL_SECONDS", 15)
 IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
 # Deployment batches hold an estimate of their GPU time (SPEC §8 decision): this many

@@ -14,7 +14,8 @@ import dramatiq
 from django.conf import settings
 from django.db import connection
 
-from batches.tasks import sweep
+from batches.liveness import dead_workers_recover, process_id, worker_beat, worker_leave
+from batches.tasks import engine_wake, sweep
 from boardwalk.broker import setup_broker
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,40 @@ class Sweeper(threading.Thread):
         self.stopped.set()
 
 
+class Liveness(threading.Thread):
+    """Stamps this process's liveness row and frees the leases of processes that fell silent.
+
+    Survives database errors: one failed beat logs the error's type and retries next interval.
+    """
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(daemon=True, name="boardwalk-liveness")
+        self.interval = interval
+        self.process = process_id()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while True:
+                try:
+                    worker_beat(process=self.process)
+                    for key in dead_workers_recover():
+                        engine_wake.send(key.revision_id, key.deployment_id)
+                except Exception as exc:
+                    logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)
+                    connection.close()
+                if self.stopped.wait(self.interval):
+                    break
+            worker_leave(process=self.process)
+        except Exception as exc:
+            logger.warning("liveness row not removed (%s)", type(exc).__name__)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 class WorkerRuntime:
     def __init__(self, *, threads: int | None = None, sweep_interval: float | None = None) -> None:
         self.broker = setup_broker()
@@ -50,11 +85,16 @@ class WorkerRuntime:
             worker_threads=threads or settings.WORKER_THREADS,
             worker_timeout=1000,
         )
+        # Take one message per thread at a time: a wake-up buffered by a worker busy serving
+        # would wait there while another worker sits idle (scale-out relies on it).
+        self.worker.queue_prefetch = self.worker.worker_threads
         self.sweeper = Sweeper(sweep_interval or settings.SWEEP_INTERVAL_SECONDS)
+        self.liveness = Liveness(settings.WORKER_HEARTBEAT_SECONDS)
 
     def start(self) -> WorkerRuntime:
         self.worker.start()
         self.sweeper.start()
+        self.liveness.start()
         logger.info(
             "worker started queues=%s threads=%s", sorted(QUEUES), self.worker.worker_threads
         )
@@ -63,6 +103,8 @@ class WorkerRuntime:
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.sweeper.stop()
         self.worker.stop(timeout=timeout_ms)
+        self.liveness.stop()
+        self.liveness.join(timeout=5)
         # A stopped worker leaves its middleware on the broker; drop it so that a later
         # runtime in the same process (tests) does not stack a second one.
         self.broker.middleware[:] = [

@@ -6,6 +6,8 @@ import logging
 import secrets
 from collections.abc import Iterable, Iterator
 
+from django.db import transaction
+
 from boardwalk import clock
 from boardwalk.errors import CapacityExceeded, Conflict, InvalidRequest, PayloadTooLarge
 from boardwalk.models import Organization
@@ -146,17 +148,21 @@ def file_delete(*, file: File) -> None:
     """Destroy the data key first (every copy becomes unreadable), then the blob."""
     if file.status == File.Status.DELETED:
         return
-    # An input file belongs to its batch until the batch is terminal, when finalization
-    # shreds it; so an accepted, undeleted input file is always in use.
-    if (
-        file.purpose == File.Purpose.BATCH
-        and File.objects.filter(pk=file.pk, batch__isnull=False).exists()
-    ):
-        raise Conflict(
-            f"File {file.id} is the input of an unfinished batch; cancel the batch first.",
-            code="file_in_use",
-        )
-    file_shred(file=file)
+    with transaction.atomic():
+        # The row lock orders this delete against a batch acceptance of the same file (which
+        # locks it too): one of them sees the other's outcome, never both succeed.
+        File.objects.select_for_update().filter(pk=file.pk).first()
+        # An input file belongs to its batch until the batch is terminal, when finalization
+        # shreds it; so an accepted, undeleted input file is always in use.
+        if (
+            file.purpose == File.Purpose.BATCH
+            and File.objects.filter(pk=file.pk, batch__isnull=False).exists()
+        ):
+            raise Conflict(
+                f"File {file.id} is the input of an unfinished batch; cancel the batch first.",
+                code="file_in_use",
+            )
+        file_shred(file=file)
 
 
 def file_shred(*, file: File) -> None:

@@ -15,10 +15,11 @@ from transformers import AutoTokenizer
 
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model
+from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
 _lock = threading.Lock()
-_engines: OrderedDict[str, Engine] = OrderedDict()
+_engines: OrderedDict[str, Any] = OrderedDict()
 _tokenizers: OrderedDict[str, Any] = OrderedDict()
 _engine_locks: dict[str, threading.Lock] = {}
 
@@ -52,25 +53,43 @@ def engine_lock(revision_id: str) -> threading.Lock:
         return _engine_locks.setdefault(revision_id, threading.Lock())
 
 
-def engine_for(revision: ModelRevision) -> Engine:
+def engine_for(revision: ModelRevision) -> Any:
+    """The process's engine for `revision` (an `Engine`, or a `FakeEngine` when
+    BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks)."""
     with _lock:
-        engine = _engines.get(revision.id)
-        if engine is not None:
+        cached = _engines.get(revision.id)
+        if cached is not None:
             _engines.move_to_end(revision.id)
-            return engine
-    model, tokenizer = _load(revision)
-    engine = Engine(
-        model,
-        tokenizer,
-        context_length=revision.context_length,
-        max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
-    )
+            return cached
+    backend = settings.ENGINE_BACKEND
+    if backend.startswith("fake:"):
+        tokenizer = _load_tokenizer(revision)
+        engine: Any = FakeEngine(
+            tokenizer,
+            context_length=revision.context_length,
+            max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+            step_seconds=float(backend.removeprefix("fake:")) / 1000,
+        )
+    else:
+        model, tokenizer = _load(revision)
+        engine = Engine(
+            model,
+            tokenizer,
+            context_length=revision.context_length,
+            max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+        )
     with _lock:
         _engines[revision.id] = engine
         _tokenizers[revision.id] = tokenizer
         while len(_engines) > settings.ENGINES_PER_PROCESS:
             _engines.popitem(last=False)
     return engine
+
+
+def engine_drop(revision_id: str) -> None:
+    """Forget a broken engine: the next wake-up loads it afresh."""
+    with _lock:
+        _engines.pop(revision_id, None)
 
 
 def tokenizer_for(revision: ModelRevision) -> Any:

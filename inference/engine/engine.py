@@ -259,6 +259,8 @@ class Engine:
         for request in joining:
             best, source = 0, None
             for prompt, candidate in candidates:
+                if _scope(candidate) != request.request.cache_scope:
+                    continue
                 shared = _common_prefix(prompt, request.prompt, len(request.prompt) - 1)
                 if shared > best:
                     best, source = shared, candidate
@@ -459,6 +461,11 @@ class Engine:
         shift = store.relayout(rows=len(rows), live_from=live_from, new_write=new_write)
         for seq in rows:
             seq.start += shift
+
+
+def _scope(candidate: _Sequence | _Request) -> str:
+    owner = candidate.owner if isinstance(candidate, _Sequence) else candidate
+    return owner.request.cache_scope
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

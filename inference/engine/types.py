@@ -32,6 +32,9 @@ class GenerationRequest:
     id: str  # opaque, echoed back
     prompt_ids: list[int]
     params: SamplingParams
+    # Prefix reuse happens only between requests with equal cache_scope (one organization,
+    # plus the deployment for private batches): cached tokens never cross tenants.
+    cache_scope: str = ""
 
 
 @dataclass

@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
+from batches.execution import serve_key
 from batches.items import EngineKey
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
 from boardwalk.worker_runtime import WorkerRuntime
-from inference.worker import serve_key
 from tests.conftest import Api, jsonl, request_line
 
 

@@ -356,11 +356,11 @@ def test_estimate_has_no_side_effects(api: Api, tenant: Tenant, uploaded: dict):
 def test_unloadable_revision_at_acceptance_is_503_and_creates_nothing(
     api: Api, uploaded: dict, tmp_path
 ):
-    from inference import runtime
+    from inference import tokenization
     from inference.models import ModelRevision
 
     ModelRevision.objects.update(weights=str(tmp_path / "gone"))
-    runtime._tokenizers.clear()
+    tokenization._cache.clear()
     response = create(api, uploaded["id"])
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "model_unavailable"

@@ -7,6 +7,7 @@ import datetime as dt
 import orjson
 import pytest
 
+from batches.execution import serve_key
 from batches.items import EngineKey, item_finish, items_claim, leases_recover
 from batches.lifecycle import NotReady
 from batches.models import Batch, BatchItem
@@ -171,25 +172,7 @@ def test_cancel_midway_publishes_finished_results(api: Api, catalog_model):
 
 def run_worker_items(key: EngineKey, count: int) -> None:
     """Run exactly `count` items through the real worker path."""
-    from inference import worker
-
-    claimed = 0
-    real_claim = worker.items_claim
-
-    def limited(**kwargs):
-        nonlocal claimed
-        if claimed >= count:
-            return []
-        kwargs["limit"] = min(kwargs["limit"], count - claimed)
-        items = real_claim(**kwargs)
-        claimed += len(items)
-        return items
-
-    worker.items_claim = limited
-    try:
-        worker.serve_key(key)
-    finally:
-        worker.items_claim = real_claim
+    serve_key(key, max_items=count)
 
 
 def test_expiry_publishes_what_finished_and_expires_the_rest(api: Api, catalog_model):

@@ -12,7 +12,12 @@ from boardwalk.models import Organization
 from boardwalk.services import api_key_create
 from inference.demo_model import build_demo_model, demo_revision_fields
 from inference.models import CatalogModel, Deployment, ModelRevision
-from inference.services import catalog_model_create, deployment_create, revision_create
+from inference.services import (
+    catalog_model_create,
+    catalog_model_set_revision,
+    deployment_create,
+    revision_create,
+)
 
 DEMO_ORG = "demo"
 DEMO_MODEL = "boardwalk/tiny-chat"
@@ -29,7 +34,14 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print one JSON line.")
         parser.add_argument("--example", action="store_true", help="Print a curl walk-through.")
         parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
-        parser.add_argument("--size", default="tiny", choices=["tiny", "bench"])
+        parser.add_argument(
+            "--model-size",
+            "--size",
+            dest="size",
+            default="tiny",
+            choices=["tiny", "bench"],
+            help="tiny (~0.1M parameters, tests) or bench (~30M, benchmarks)",
+        )
 
     def handle(
         self, *args, json: bool = False, example: bool = False, base_url: str, size: str, **options
@@ -41,8 +53,11 @@ class Command(BaseCommand):
             revision = ModelRevision.objects.filter(
                 weights=fields["weights"]
             ).first() or revision_create(**fields)
-            if not CatalogModel.objects.filter(name=DEMO_MODEL).exists():
+            catalog = CatalogModel.objects.filter(name=DEMO_MODEL).first()
+            if catalog is None:
                 catalog_model_create(name=DEMO_MODEL, revision=revision, prices=DEMO_PRICES)
+            elif catalog.revision_id != revision.id:  # --model-size switched: serve that one
+                catalog_model_set_revision(model=catalog, revision=revision)
             if not Deployment.objects.filter(name=DEMO_DEPLOYMENT).exists():
                 deployment_create(
                     org=org,

@@ -1,0 +1,444 @@
+"""Running the stages for one engine key: claim+prepare → generate → record.
+
+Threaded (the worker): prepare runs on its own thread and fills a bounded queue the engine
+pulls from; the engine thread only generates; record runs on its own thread and writes results
+in groups. Inline (`threaded=False`, tests that run inside one database transaction): the same
+stages, called in turn from the caller's thread.
+
+Containment: a request that makes the engine raise is retried alone; if it raises alone it
+ends as that item's `internal_error` row and the others carry on. An engine that fails every
+request hands the items back (their attempts were counted at claim time, so a poison item
+cannot loop: BOARDWALK_ITEM_MAX_ATTEMPTS ends it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from batches.execution.prepare import Prepare, Unpreparable, Work
+from batches.execution.record import Finished, Record
+from batches.items import EngineKey, item_release, items_heartbeat
+from batches.lifecycle import batch_fail
+from batches.liveness import worker_id
+from batches.models import Batch, BatchItem
+from boardwalk import clock
+from inference.engine.loading import ModelLoadError
+from inference.engine.types import GenerationRequest, GenerationResult
+from inference.models import ModelRevision
+from inference.runtime import engine_drop, engine_for, engine_lock
+
+logger = logging.getLogger(__name__)
+
+RECORD_WINDOW_SECONDS = 0.02  # a record group gathers results for this long at most
+STOPPING_POLL_SECONDS = 1.0
+_END = object()
+
+_serving: set[EngineKey] = set()
+_serving_lock = threading.Lock()
+
+
+def serve_key(
+    key: EngineKey,
+    *,
+    budget_seconds: float = 600.0,
+    max_items: int | None = None,
+    threaded: bool = False,
+    on_batch_done: Callable[[str], None] | None = None,
+    on_more_work: Callable[[], None] | None = None,
+) -> set[str]:
+    """Run the engine for `key` until no claimable item is left or the budget is spent.
+
+    Returns the ids of batches that have no open item left (ready to finalize);
+    `on_batch_done` is also called with each as soon as it is known. Only one thread per
+    process serves a key at a time: a second wake-up returns at once, since the first
+    claims new items as it goes. `max_items` stops claiming after that many (tests).
+    `on_more_work` is called once if the first claim filled a whole group: more work is
+    waiting, so the caller can wake another worker (scale-out fans out one wake-up at a time).
+    """
+    with _serving_lock:
+        if key in _serving:
+            return set()
+        _serving.add(key)
+    try:
+        revision = ModelRevision.objects.filter(id=key.revision_id).first()
+        if revision is None:  # a stale message: nothing of this revision can be claimed
+            return set()
+        try:
+            engine = engine_for(revision)
+        except ModelLoadError as exc:
+            logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
+            return _fail_batches_of(key, message=str(exc))
+        run = _Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work)
+        with engine_lock(revision.id):
+            if threaded:
+                run.threaded()
+            else:
+                run.inline()
+        if run.engine_broken:
+            engine_drop(revision.id)
+        return run.record.done
+    finally:
+        with _serving_lock:
+            _serving.discard(key)
+
+
+class _Heartbeat(threading.Thread):
+    """Extends the leases of the items this run holds until stopped.
+
+    A database error costs one beat, never the thread: it logs the error's type, drops the
+    broken connection and tries again at the next interval.
+    """
+
+    def __init__(self, run: _Run) -> None:
+        super().__init__(daemon=True, name="lease-heartbeat")
+        self.run_ = run
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        interval = max(1.0, settings.ITEM_LEASE_SECONDS / 3)
+        try:
+            while not self.stopped.wait(interval):
+                try:
+                    items_heartbeat(worker_id=self.run_.owner, item_ids=self.run_.held_ids())
+                except Exception as exc:
+                    logger.warning("lease heartbeat failed (%s); retrying", type(exc).__name__)
+                    connection.close()
+        finally:
+            connection.close()
+
+
+class _Run:
+    def __init__(
+        self,
+        key: EngineKey,
+        engine: Any,
+        budget_seconds: float,
+        max_items: int | None,
+        on_batch_done: Callable[[str], None] | None,
+        on_more_work: Callable[[], None] | None = None,
+    ) -> None:
+        self.key = key
+        self.on_more_work = on_more_work
+        self.engine = engine
+        self.owner = worker_id()
+        self.stop_at = time.monotonic() + budget_seconds
+        self.remaining = max_items
+        self.prepare = Prepare(
+            key=key,
+            owner=self.owner,
+            tokenizer=engine.tokenizer,
+            group_size=settings.EXECUTION_CLAIM_GROUP,
+        )
+        self.record = Record(owner=self.owner, on_batch_done=on_batch_done)
+        self._held: dict[str, BatchItem] = {}  # request id → item, claimed and not recorded
+        self._in_engine: dict[str, GenerationRequest] = {}  # handed to the engine, no result
+        self._lock = threading.Lock()
+        self._stopping: frozenset[str] = frozenset()
+        self.engine_broken = False
+
+    # -- shared bookkeeping -----------------------------------------------------------------
+
+    def held_ids(self) -> list[int]:
+        with self._lock:
+            return [item.id for item in self._held.values()]
+
+    def held_batches(self) -> set[str]:
+        with self._lock:
+            return {item.batch_id for item in self._held.values()}
+
+    def _hold(self, rid: str, item: BatchItem) -> None:
+        with self._lock:
+            self._held[rid] = item
+
+    def _take(self, rid: str) -> BatchItem | None:
+        with self._lock:
+            self._in_engine.pop(rid, None)
+            return self._held.pop(rid, None)
+
+    def _claim_more(self) -> bool:
+        return time.monotonic() < self.stop_at and (self.remaining is None or self.remaining > 0)
+
+    def _next_group(self) -> list[Work | Unpreparable] | None:
+        """Claim and prepare a group; None when there is nothing more to claim."""
+        if not self._claim_more():
+            return None
+        prepared, ended = self.prepare.next_group(self.remaining)
+        if ended:
+            self.record.check_batches(ended)
+        if not prepared:
+            return None
+        if self.remaining is not None:
+            self.remaining -= len(prepared)
+        if self.on_more_work is not None and len(prepared) >= self.prepare.group_size:
+            more, self.on_more_work = self.on_more_work, None
+            more()
+        for p in prepared:
+            self._hold(p.request.id if isinstance(p, Work) else f"prep:{p.item.pk}", p.item)
+        return prepared
+
+    def _refresh_stopping(self) -> None:
+        """Which held requests belong to batches that are stopping (cancel, expiry)."""
+        with self._lock:
+            held = dict(self._held)
+        batch_ids = {item.batch_id for item in held.values()}
+        if not batch_ids:
+            self._stopping = frozenset()
+            return
+        stopping = set(
+            Batch.objects.filter(id__in=batch_ids)
+            .exclude(status=Batch.Status.IN_PROGRESS, outcome="", expires_at__gt=clock.now())
+            .values_list("id", flat=True)
+        )
+        self._stopping = frozenset(rid for rid, item in held.items() if item.batch_id in stopping)
+
+    def _finished(self, result: GenerationResult) -> Finished | None:
+        item = self._take(result.id)
+        return None if item is None else Finished(item, result)
+
+    def _unpreparable(self, p: Unpreparable) -> Finished:
+        self._take(f"prep:{p.item.pk}")
+        return Finished(p.item, None)
+
+    def _write(self, group: list[Finished]) -> None:
+        self.record.write(group, still_held=self.held_batches())
+
+    # -- the engine loop, with containment --------------------------------------------------
+
+    def _generate(
+        self, source: Iterator[GenerationRequest], aborted: Callable[[], frozenset[str]]
+    ) -> Iterator[GenerationResult]:
+        """The engine's results; a request that makes it raise is isolated (see module doc)."""
+
+        def tracked() -> Iterator[GenerationRequest]:
+            for request in source:
+                with self._lock:
+                    self._in_engine[request.id] = request
+                yield request
+
+        feed = tracked()
+        while True:
+            try:
+                yield from self.engine.generate(feed, aborted=aborted)
+                return
+            except Exception as exc:
+                logger.error("engine failed (%s); isolating its requests", type(exc).__name__)
+                with self._lock:
+                    suspects = list(self._in_engine.values())
+                    self._in_engine.clear()
+                failures = 0
+                for request in suspects:
+                    try:
+                        yield from self.engine.generate([request], aborted=aborted)
+                    except Exception as alone:
+                        failures += 1
+                        logger.error(
+                            "request %s fails alone (%s): internal_error",
+                            request.id.split(":")[0],
+                            type(alone).__name__,
+                        )
+                        yield GenerationResult(
+                            id=request.id,
+                            choices=[],
+                            prompt_tokens=len(request.prompt_ids),
+                            completion_tokens=0,
+                            cached_tokens=0,
+                            busy_seconds=0.0,
+                            error="internal_error",
+                        )
+                if len(suspects) > 1 and failures == len(suspects):
+                    # Not one request: the engine itself is broken. Stop; whatever is still
+                    # held goes back to the queue and its attempts already count.
+                    self.engine_broken = True
+                    return
+
+    # -- inline: the caller's thread runs every stage ----------------------------------------
+
+    def inline(self) -> None:
+        heartbeat = _Heartbeat(self)
+        heartbeat.start()
+        try:
+
+            def source() -> Iterator[GenerationRequest]:
+                while (group := self._next_group()) is not None:
+                    for p in group:
+                        if isinstance(p, Work):
+                            yield p.request
+                        else:
+                            self._write([self._unpreparable(p)])
+
+            def aborted() -> frozenset[str]:
+                self._refresh_stopping()
+                return self._stopping
+
+            for result in self._generate(source(), aborted):
+                finished = self._finished(result)
+                if finished is not None:
+                    self._write([finished])
+        finally:
+            heartbeat.stopped.set()
+            self._release_held()
+
+    # -- threaded: prepare and record on their own threads -----------------------------------
+
+    def threaded(self) -> None:
+        ahead: queue.Queue[Any] = queue.Queue(maxsize=max(2, self.engine.max_batch_size))
+        results: queue.Queue[Any] = queue.Queue()
+        over = threading.Event()
+        heartbeat = _Heartbeat(self)
+        preparer = threading.Thread(
+            target=self._prepare_loop, args=(ahead, results, over), name="prepare", daemon=True
+        )
+        recorder = threading.Thread(
+            target=self._record_loop, args=(results,), name="record", daemon=True
+        )
+        for thread in (heartbeat, preparer, recorder):
+            thread.start()
+
+        def source() -> Iterator[GenerationRequest]:
+            while (request := ahead.get()) is not _END:
+                yield request
+
+        try:
+            for result in self._generate(source(), lambda: self._stopping):
+                finished = self._finished(result)
+                if finished is not None:
+                    results.put(finished)
+        finally:
+            over.set()
+            while preparer.is_alive():  # unblock a prepare stage waiting for room
+                with contextlib.suppress(queue.Empty):
+                    ahead.get(timeout=0.1)
+            results.put(_END)
+            recorder.join()
+            heartbeat.stopped.set()
+            self._release_held()
+
+    def _prepare_loop(self, ahead: queue.Queue[Any], results: queue.Queue[Any], over: Any) -> None:
+        ended = False
+        try:
+            last_poll = 0.0
+            while not over.is_set():
+                try:
+                    group = self._next_group()
+                except Exception as exc:
+                    logger.warning("claim failed (%s); retrying", type(exc).__name__)
+                    connection.close()
+                    if over.wait(1.0):
+                        break
+                    continue
+                if group is None:
+                    break
+                for p in group:
+                    if isinstance(p, Unpreparable):
+                        results.put(self._unpreparable(p))
+                        continue
+                    while not over.is_set():
+                        try:
+                            ahead.put(p.request, timeout=STOPPING_POLL_SECONDS)
+                            break
+                        except queue.Full:
+                            last_poll = self._poll_stopping(last_poll)
+                last_poll = self._poll_stopping(last_poll)
+            ahead.put(_END)
+            ended = True
+            while not over.wait(STOPPING_POLL_SECONDS):
+                last_poll = self._poll_stopping(last_poll)
+        finally:
+            if not ended:  # whatever went wrong, the engine must not wait for more
+                while not over.is_set():
+                    try:
+                        ahead.put(_END, timeout=STOPPING_POLL_SECONDS)
+                        break
+                    except queue.Full:
+                        pass
+            connection.close()
+
+    def _poll_stopping(self, last: float) -> float:
+        now = time.monotonic()
+        if now - last < STOPPING_POLL_SECONDS:
+            return last
+        try:
+            self._refresh_stopping()
+        except Exception as exc:
+            logger.warning("stopping check failed (%s)", type(exc).__name__)
+            connection.close()
+        return now
+
+    def _record_loop(self, results: queue.Queue[Any]) -> None:
+        limit = settings.EXECUTION_RECORD_GROUP
+        ending = False
+        try:
+            while not ending:
+                first = results.get()
+                if first is _END:
+                    break
+                group = [first]
+                until = time.monotonic() + RECORD_WINDOW_SECONDS
+                while len(group) < limit:
+                    try:
+                        more = results.get(timeout=max(0.0, until - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if more is _END:
+                        ending = True
+                        break
+                    group.append(more)
+                self._write_retrying(group)
+        finally:
+            connection.close()
+
+    def _write_retrying(self, group: list[Finished]) -> None:
+        for attempt in range(3):
+            try:
+                self._write(group)
+                return
+            except Exception as exc:
+                logger.warning(
+                    "recording %s result(s) failed (%s); attempt %s",
+                    len(group),
+                    type(exc).__name__,
+                    attempt + 1,
+                )
+                connection.close()
+                time.sleep(0.5 * (attempt + 1))
+        # The leases expire and the items run again elsewhere; nothing is half-written.
+        logger.error("dropped %s result(s) that could not be recorded", len(group))
+
+    def _release_held(self) -> None:
+        """Hand back what was claimed and not recorded (stopping, or the engine broke)."""
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        for item in held:
+            try:
+                item_release(item=item, worker_id=self.owner)
+            except Exception as exc:
+                logger.warning("release of item %s failed (%s)", item.pk, type(exc).__name__)
+                connection.close()
+
+
+def _fail_batches_of(key: EngineKey, *, message: str) -> set[str]:
+    failed = set()
+    deployment: dict[str, Any] = (
+        {"deployment_id": key.deployment_id} if key.deployment_id else {"deployment__isnull": True}
+    )
+    for batch in Batch.objects.filter(
+        revision_id=key.revision_id, status=Batch.Status.IN_PROGRESS, outcome="", **deployment
+    ):
+        if batch_fail(
+            batch=batch,
+            code="model_load_failed",
+            message="The model revision could not be loaded; no further items can run.",
+        ):
+            failed.add(batch.id)
+    logger.error("failed %s batch(es) of %s: %s", len(failed), key, message[:200])
+    return failed

@@ -1,0 +1,165 @@
+"""The record stage: write finished results in groups, each row under its fencing token.
+
+One transaction per group (a few tens of milliseconds of results, at most
+BOARDWALK_EXECUTION_RECORD_GROUP); the batch row is never touched per item. Whether a batch
+has no open item left is decided once per batch per group, and only for batches this worker
+holds nothing of any more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import orjson
+
+from batches.items import ItemOutcome, batches_without_open_items, item_release, items_record
+from batches.models import Batch, BatchItem
+from boardwalk import clock
+from boardwalk.ids import derived_id
+from files.crypto import Keyring
+from files.sealing import seal
+from inference.chat_completions import completion_body
+from inference.engine.types import GenerationResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Finished:
+    """What the engine (or the prepare stage) says about one item."""
+
+    item: BatchItem
+    result: GenerationResult | None  # None: could not be prepared (internal_error)
+
+
+@dataclass(frozen=True)
+class UsageFacts:
+    """One recorded item's usage, as metering needs it (ids and counts only, no content)."""
+
+    org_id: str
+    batch_id: str
+    item_id: int
+    revision_id: str
+    deployment_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    gpu_microseconds: int
+    succeeded: bool
+
+
+def usage_recorded(facts: list[UsageFacts]) -> None:
+    """Called inside the record transaction with the rows it just wrote under their fence.
+
+    THE place for per-item metering (billing): whatever is written here commits or rolls
+    back with the results themselves, so usage is recorded exactly once per published row.
+    """
+
+
+class Record:
+    def __init__(self, *, owner: str, on_batch_done: Callable[[str], None] | None = None) -> None:
+        self.owner = owner
+        self.on_batch_done = on_batch_done
+        self.done: set[str] = set()
+        self._keys: dict[str, bytes] = {}
+
+    def write(self, finished: list[Finished], *, still_held: Collection[str] = ()) -> None:
+        """Record a group; `still_held` are batch ids this worker still has items of."""
+        outcomes: list[ItemOutcome] = []
+        released: list[tuple[BatchItem, float]] = []
+        for f in finished:
+            if f.result is not None and f.result.aborted:
+                released.append((f.item, f.result.busy_seconds))
+            else:
+                outcomes.append(self._outcome(f))
+        written = items_record(outcomes=outcomes, worker_id=self.owner, in_transaction=_meter)
+        for item, busy_seconds in released:
+            item_release(item=item, worker_id=self.owner, gpu_seconds=busy_seconds)
+        for outcome, ok in zip(outcomes, written, strict=True):
+            if not ok:
+                logger.info(
+                    "item %s lost its lease before its result was written; discarded",
+                    outcome.item.pk,
+                )
+        touched = {o.item.batch_id for o, ok in zip(outcomes, written, strict=True) if ok}
+        self.check_batches(touched - set(still_held) - self.done)
+
+    def check_batches(self, batch_ids: set[str]) -> None:
+        for batch_id in sorted(batches_without_open_items(batch_ids=batch_ids)):
+            if batch_id in self.done:
+                continue
+            self.done.add(batch_id)
+            if self.on_batch_done is not None:
+                self.on_batch_done(batch_id)
+
+    def _outcome(self, f: Finished) -> ItemOutcome:
+        result = f.result
+        if result is None:
+            return ItemOutcome(f.item, succeeded=False, error_code="internal_error")
+        if result.error:
+            return ItemOutcome(
+                f.item,
+                succeeded=False,
+                error_code=result.error,
+                prompt_tokens=result.prompt_tokens,
+                gpu_seconds=result.busy_seconds,
+            )
+        sealed = seal(self._key(f.item.batch), _result_row(f.item, result), _item_aad(f.item))
+        return ItemOutcome(
+            f.item,
+            succeeded=True,
+            result=sealed,
+            prompt_tokens=result.prompt_tokens,
+            cached_tokens=result.cached_tokens,
+            completion_tokens=result.completion_tokens,
+            gpu_seconds=result.busy_seconds,
+        )
+
+    def _key(self, batch: Batch) -> bytes:
+        if batch.pk not in self._keys:
+            self._keys[batch.pk] = Keyring.current().unwrap(batch.key_id, batch.wrapped_key)
+        return self._keys[batch.pk]
+
+
+def _meter(written: list[ItemOutcome]) -> None:
+    usage_recorded(
+        [
+            UsageFacts(
+                org_id=o.item.org_id_key,
+                batch_id=o.item.batch_id,
+                item_id=o.item.pk,
+                revision_id=o.item.revision_id_key,
+                deployment_id=o.item.deployment_id_key,
+                prompt_tokens=o.prompt_tokens,
+                cached_tokens=o.cached_tokens if o.succeeded else 0,
+                completion_tokens=o.completion_tokens if o.succeeded else 0,
+                gpu_microseconds=round(o.gpu_seconds * 1_000_000),
+                succeeded=o.succeeded,
+            )
+            for o in written
+        ]
+    )
+
+
+def _result_row(item: BatchItem, result: GenerationResult) -> bytes:
+    batch = item.batch
+    body = completion_body(
+        result,
+        completion_id=derived_id("chatcmpl-", item.request_id),
+        model=batch.model_name,
+        model_config_id=batch.revision_id,
+        created=int(clock.now().timestamp()),
+    )
+    row = {
+        "id": item.row_id,
+        "custom_id": item.custom_id,
+        "response": {"status_code": 200, "request_id": item.request_id, "body": body},
+        "error": None,
+    }
+    return orjson.dumps(row)
+
+
+def _item_aad(item: BatchItem) -> bytes:
+    return f"{item.batch_id}:{item.index}".encode()

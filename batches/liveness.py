@@ -1,0 +1,70 @@
+"""Worker liveness: one row per worker process, stamped every few seconds.
+
+Item leases stay long (a slow step or a busy database must not make them fragile), yet a
+`kill -9`'d worker's items come back within seconds: every live process stamps its row each
+BOARDWALK_WORKER_HEARTBEAT_SECONDS, and whichever process notices a row older than
+BOARDWALK_WORKER_DEAD_AFTER_SECONDS frees that process's leases (`lease_owner` starts with
+the process id) and deletes the row. A process that was only paused comes back to find its
+leases re-issued under new tokens: the fence refuses its results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import secrets
+import socket
+import threading
+
+from django.conf import settings
+
+from batches.items import EngineKey, keys_with_claimable_items, leases_recover
+from batches.models import WorkerProcess
+from boardwalk import clock
+
+logger = logging.getLogger(__name__)
+
+_process: tuple[int, str] | None = None
+
+
+def process_id() -> str:
+    """This process's id: host, pid and a random part (a reused pid is another process)."""
+    global _process
+    if _process is None or _process[0] != os.getpid():
+        _process = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}")
+    return _process[1]
+
+
+def worker_id() -> str:
+    """The lease owner of items claimed by this thread: the process id, then the thread."""
+    return f"{process_id()}:{threading.get_ident()}"
+
+
+def worker_beat(*, process: str) -> None:
+    now = clock.now()
+    if not WorkerProcess.objects.filter(id=process).update(seen_at=now):
+        WorkerProcess.objects.get_or_create(id=process, defaults={"seen_at": now})
+
+
+def worker_leave(*, process: str) -> None:
+    """A clean stop: the row goes, the process's leases were handed back already."""
+    WorkerProcess.objects.filter(id=process).delete()
+
+
+def dead_workers_recover() -> set[EngineKey]:
+    """Free the leases of worker processes that fell silent; returns engine keys to wake."""
+    cutoff = clock.now() - dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
+    dead = list(WorkerProcess.objects.filter(seen_at__lt=cutoff).values_list("id", flat=True))
+    if not dead:
+        return set()
+    requeued, failed = leases_recover(dead_processes=dead)
+    WorkerProcess.objects.filter(id__in=dead, seen_at__lt=cutoff).delete()
+    logger.warning(
+        "worker(s) silent for %ss: %s; requeued=%s failed=%s",
+        settings.WORKER_DEAD_AFTER_SECONDS,
+        len(dead),
+        requeued,
+        failed,
+    )
+    return keys_with_claimable_items() if requeued else set()

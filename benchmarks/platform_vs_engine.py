@@ -1,0 +1,219 @@
+"""The platform end to end against the engine alone (issue 6): generated tokens per second.
+
+(Issue 6 calls it benchmarks/platform.py; a script named platform.py in this folder would
+shadow the standard library's `platform` module for every benchmark here, torch included.)
+
+    # embedded default (SQLite, in-process worker):
+    .venv/bin/python benchmarks/platform_vs_engine.py [--model-size tiny|bench]
+        [--requests 256] [--rounds 5]
+    # PostgreSQL + Redis with a separate worker process:
+    DATABASE_URL=… REDIS_URL=… .venv/bin/python benchmarks/platform_vs_engine.py …
+
+Runs the same chat requests (mixed prompt lengths and max_tokens, fixed RNG, greedy) through
+(a) the `Engine` alone, prompts already tokenized, and (b) the platform end to end: upload the
+JSONL file, create the batch, let the worker run it (in-process on the embedded default, a
+separate `manage.py run_worker` process on PostgreSQL + Redis), wait for finalization and
+download the output. tok/s counts the completion tokens each path reports; the engine alone is
+timed around `generate` only, the platform from the upload's first byte to the download's
+last. Median of --rounds runs each, after one warm-up run of each. Prints the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+
+
+def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
+    from inference.demo_model import _CORPUS
+
+    rng = random.Random(seed)
+    words = _CORPUS.split()
+    bodies = []
+    for _ in range(count):
+        start = rng.randrange(len(words))
+        length = rng.choice([8, 20, 40, 80, 160])
+        text = " ".join(words[(start + j) % len(words)] for j in range(length))
+        bodies.append(
+            {
+                "model": "boardwalk/tiny-chat",
+                "messages": [
+                    {"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": text},
+                ],
+                "max_completion_tokens": rng.randint(16, 128),
+                "temperature": 0,
+            }
+        )
+    return bodies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-size", default="tiny", choices=["tiny", "bench"])
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args()
+    production = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
+    data_dir = Path(tempfile.mkdtemp(prefix="boardwalk-platform-"))
+    os.environ["BOARDWALK_DATA_DIR"] = str(data_dir)
+    os.environ["BOARDWALK_ENGINE_MAX_BATCH_SIZE"] = str(args.batch_size)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    import django
+
+    django.setup()
+    import orjson
+    from django.conf import settings
+    from django.core.management import call_command
+    from rest_framework.test import APIClient
+
+    from batches.models import Batch
+    from billing.services import credit_grant
+    from boardwalk.broker import setup_broker
+    from boardwalk.models import Organization
+    from boardwalk.services import api_key_create
+    from inference.chat_completions import prompt_ids, sampling_params
+    from inference.engine import Engine, GenerationRequest
+    from inference.models import CatalogModel
+    from inference.runtime import _load
+
+    call_command("migrate", verbosity=0)
+    with open(os.devnull, "w") as quiet:
+        call_command("bootstrap_demo", "--json", "--model-size", args.model_size, stdout=quiet)
+    org = Organization.objects.get(name="demo")
+    credit_grant(org=org, amount_microusd=10**12, memo="platform benchmark")
+    key = api_key_create(org=org, scopes="inference:write,requests:read", name="bench").secret
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    client = APIClient()
+    revision = CatalogModel.objects.get(name="boardwalk/tiny-chat").revision
+    bodies = _bodies(args.requests, args.seed)
+    jsonl = b"".join(
+        orjson.dumps(
+            {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        )
+        + b"\n"
+        for i, body in enumerate(bodies)
+    )
+
+    model, tokenizer = _load(revision)
+    engine = Engine(
+        model, tokenizer, context_length=revision.context_length, max_batch_size=args.batch_size
+    )
+    requests = [
+        GenerationRequest(str(i), prompt_ids(tokenizer, b), sampling_params(b))
+        for i, b in enumerate(bodies)
+    ]
+
+    def engine_alone() -> float:
+        began = time.perf_counter()
+        tokens = sum(r.completion_tokens for r in engine.generate(requests))
+        return tokens / (time.perf_counter() - began)
+
+    worker: subprocess.Popen | None = None
+    runtime = None
+    if production:
+        setup_broker().flush_all()
+        env = dict(os.environ)
+        env.update(
+            BOARDWALK_MASTER_KEYS=settings.MASTER_KEYS,
+            BOARDWALK_API_KEY_PEPPER=settings.API_KEY_PEPPER,
+            DJANGO_SECRET_KEY=settings.SECRET_KEY,
+            PYTHONUNBUFFERED="1",
+        )
+        log = (data_dir / "worker.log").open("w")
+        worker = subprocess.Popen(
+            [sys.executable, "manage.py", "run_worker", "--threads", "1"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        while b"worker ready" not in (data_dir / "worker.log").read_bytes():
+            time.sleep(0.2)
+    else:
+        from boardwalk.worker_runtime import WorkerRuntime
+
+        runtime = WorkerRuntime(threads=1).start()
+
+    def platform() -> float:
+        began = time.perf_counter()
+        upload = client.post(
+            "/v1/files", {"file": _named(jsonl), "purpose": "batch"}, format="multipart", **auth
+        )
+        created = client.generic(
+            "POST",
+            "/v1/batches",
+            orjson.dumps(
+                {
+                    "input_file_id": upload.json()["id"],
+                    "endpoint": "/v1/chat/completions",
+                    "completion_window": "24h",
+                }
+            ),
+            content_type="application/json",
+            HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+            **auth,
+        )
+        batch_id = created.json()["id"]
+        while not (batch := Batch.objects.get(id=batch_id)).is_terminal:
+            time.sleep(0.05)
+        response = client.get(f"/v1/files/{batch.output_file_id}/content", **auth)
+        body = b"".join(response.streaming_content) if response.streaming else response.content
+        seconds = time.perf_counter() - began
+        rows = [orjson.loads(line) for line in body.splitlines() if line]
+        if len(rows) != len(bodies):
+            raise SystemExit(f"only {len(rows)} of {len(bodies)} rows came back")
+        tokens = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in rows)
+        return tokens / seconds
+
+    try:
+        engine_alone()
+        platform()  # warm-up: the worker loads the model
+        alone, through = [], []
+        for _ in range(args.rounds):
+            alone.append(engine_alone())
+            through.append(platform())
+    finally:
+        if runtime is not None:
+            runtime.stop()
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+    shape = "PostgreSQL + Redis, separate worker process" if production else "embedded default"
+    a, p = statistics.median(alone), statistics.median(through)
+    print(f"model {args.model_size}, {args.requests} requests, {shape}; median of {args.rounds}")
+    print(f"{'engine alone':<24} {a:>9.0f} tok/s   runs: " + " ".join(f"{x:.0f}" for x in alone))
+    print(
+        f"{'platform end to end':<24} {p:>9.0f} tok/s   runs: "
+        + " ".join(f"{x:.0f}" for x in through)
+    )
+    print(f"platform / engine: {p / a:.2f}x")
+
+
+def _named(data: bytes):
+    import io
+
+    f = io.BytesIO(data)
+    f.name = "platform.jsonl"
+    return f
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Counting prompt tokens in the web tier: `tokenizers` + the chat template, no torch.
+
+The web process never imports torch or transformers model code (importing transformers'
+AutoTokenizer alone pulls torch in). `ChatTokenizer` reads the revision's `tokenizer.json`
+and `tokenizer_config.json` and renders the chat template the way transformers'
+`apply_chat_template` does (a sandboxed Jinja environment, trim_blocks/lstrip_blocks, the
+special tokens as variables, then encoding without added special tokens), so
+`inference.chat_completions.prompt_ids` gives the worker's counts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from inference.models import ModelRevision
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+_lock = threading.Lock()
+_cache: OrderedDict[str, ChatTokenizer] = OrderedDict()
+
+
+class TokenizerUnavailable(Exception):
+    """The revision's tokenizer files cannot be found or read."""
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+class ChatTokenizer:
+    """The subset of a transformers tokenizer that prompt rendering needs."""
+
+    def __init__(self, directory: Path, *, chat_template: str | None = None) -> None:
+        try:
+            self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
+            config: dict[str, Any] = {}
+            if (directory / "tokenizer_config.json").exists():
+                config = json.loads((directory / "tokenizer_config.json").read_text())
+        except (OSError, ValueError, Exception) as exc:
+            raise TokenizerUnavailable(f"cannot read the tokenizer in {directory}") from exc
+        template = chat_template or config.get("chat_template")
+        if not template and (directory / "chat_template.jinja").exists():
+            template = (directory / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if not template:
+            raise TokenizerUnavailable(f"the tokenizer in {directory} has no chat template")
+        self.chat_template = template
+        self.special = {name: _token_text(config.get(name)) for name in _SPECIAL}
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        return_dict: bool = False,
+    ) -> list[int]:
+        text = self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+        )
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _directory(revision: ModelRevision) -> Path:
+    source = revision.tokenizer or revision.weights
+    path = Path(source)
+    if path.is_dir():
+        return path
+    # A hub id: its files must already be in the local cache (nothing downloads).
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                source, revision=revision.weights_revision or None, local_files_only=True
+            )
+        )
+    except Exception as exc:
+        raise TokenizerUnavailable(f"tokenizer of {revision.id} is not available locally") from exc
+
+
+def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
+    """The revision's tokenizer for counting (cached per process, a few revisions)."""
+    with _lock:
+        cached = _cache.get(revision.id)
+        if cached is not None:
+            _cache.move_to_end(revision.id)
+            return cached
+    tokenizer = ChatTokenizer(_directory(revision), chat_template=revision.chat_template or None)
+    with _lock:
+        _cache[revision.id] = tokenizer
+        while len(_cache) > 8:
+            _cache.popitem(last=False)
+    return tokenizer
