@@ -41,6 +41,9 @@ pytestmark = [
 ITEMS = 200
 KILL_RUNS = int(os.environ.get("FAULTS_KILL9_RUNS", "10"))
 LEASE = int(PROCESS_SETTINGS["BOARDWALK_ITEM_LEASE_SECONDS"])
+# The kill -9 scenario runs with the production lease: a dead worker must be noticed
+# directly (its liveness row goes stale), not by waiting for its leases to run out.
+DEFAULT_LEASE = 60
 
 
 def _client(stack: Stack) -> Http:
@@ -82,10 +85,13 @@ def test_kill_9_of_a_worker_at_random_moments(stack: Stack, catalog_model, scena
     seed = int(os.environ.get("FAULTS_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)  # noqa: S311 - choosing fault moments, not secrets
     record = scenario("worker kill -9")
-    record.notes.append(f"seed {seed}; recovery = kill to first re-claim of its items")
+    record.notes.append(
+        f"seed {seed}; production lease {DEFAULT_LEASE} s; recovery = kill to first re-claim"
+    )
     client = _client(stack)
+    production = {"BOARDWALK_ITEM_LEASE_SECONDS": str(DEFAULT_LEASE)}
     for run in range(KILL_RUNS):
-        workers = stack.workers({}, {})
+        workers = stack.workers(production, production)
         rows = batch_rows(ITEMS, tag=f"k{run}-")
         batch_id = submit(client, rows, key=f"kill-{run}")
         moment = rng.randint(1, ITEMS - 40)
@@ -94,7 +100,7 @@ def test_kill_9_of_a_worker_at_random_moments(stack: Stack, catalog_model, scena
         held = leased_by(victim, batch_id)
         since = time.monotonic()
         victim.kill9()
-        stack.spawn_worker()  # its replacement starts meanwhile, as a supervisor would
+        stack.spawn_worker(**production)  # its replacement starts meanwhile, as a supervisor would
         recovery = time_to_reclaim(held, victim, since)
         if recovery is not None:
             record.recovery.append(recovery)
