@@ -99,6 +99,8 @@ class Scenario:
 
     def assert_clean(self) -> None:
         assert (self.duplicates, self.lost, self.double_charged) == (0, 0, 0), self.line()
+        stuck = Batch.objects.filter(status__in=("finalizing", "cancelling"))
+        assert not stuck.exists(), f"stuck batches: {list(stuck.values_list('id', 'status'))}"
 
 
 _SCENARIOS: dict[str, Scenario] = {}
@@ -399,12 +401,14 @@ class Stack:
             self._wait_ready(proc)
         return chosen
 
-    def tidy(self) -> None:
-        """After a scenario: nothing stays stopped or half-configured, Redis is up."""
+    def tidy(self, *, workers: bool = False) -> None:
+        """Nothing stays stopped or half-configured, Redis is up. `workers`: stop them all
+        (after a scenario: they poll the tables every second, and the test database is
+        truncated between tests, which would deadlock with them)."""
         for proc in self.procs:
-            if proc.alive() and (
-                proc.stopped_pid() is not None or "BOARDWALK_TEST_FAULT_POINT" in proc.extra
-            ):
+            faulty = "BOARDWALK_TEST_FAULT_POINT" in proc.extra
+            worker = workers and proc.name.startswith("worker")
+            if proc.alive() and (faulty or worker or proc.stopped_pid() is not None):
                 proc.stop()
         self.procs = [p for p in self.procs if p.alive()]
         if self.web is not None and not self.web.alive():
@@ -469,7 +473,7 @@ def stack(_stack: Stack, transactional_db: None) -> Iterator[Stack]:
     try:
         yield _stack
     finally:
-        _stack.tidy()
+        _stack.tidy(workers=True)
         connection.close()
 
 
@@ -614,5 +618,4 @@ def check_run(http_: Http, batch_id: str, inputs: list[dict[str, Any]]) -> RunSt
     if batch.charge_microusd != expected:
         stats.double_charged += 1
     assert payload["status"] == "completed", payload
-    assert not Batch.objects.filter(status__in=("finalizing", "cancelling")).exists()
     return stats
