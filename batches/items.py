@@ -19,6 +19,7 @@ from django.db.models import F, Min, Q, QuerySet
 
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.faultpoints import fault_point
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGro
             logger.warning("%s item(s) out of attempts ended as internal_error", len(spent))
         if not ids:
             return ClaimGroup([], ended)
+        fault_point("items_claim.locked")  # test only: the candidates are row-locked here
         BatchItem.objects.filter(id__in=ids, state=BatchItem.State.PENDING).update(
             state=BatchItem.State.RUNNING,
             lease_owner=worker_id,
@@ -222,6 +224,7 @@ def items_record(
                 completed_at=now,
             )
             written.append(bool(updated))
+        fault_point("item_finish.in_transaction")  # test only: holding the written rows' locks
         if in_transaction is not None:
             in_transaction([o for o, ok in zip(outcomes, written, strict=True) if ok])
     return written

@@ -22,6 +22,7 @@ from batches.retention import item_results_drop
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
 from boardwalk import clock
+from boardwalk.faultpoints import fault_point
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.limits import MAX_RESULT_FILE_BYTES
@@ -223,6 +224,7 @@ def _publish(batch: Batch) -> Batch:
             )
             # The webhook outbox row commits with the terminal state, or not at all.
             batch_event_record(org_id=batch.org_id, batch_id=batch.id, status=terminal)
+            fault_point("batch_publish.in_transaction")  # test only: before the commit
     # Accepted input is removed once the batch is terminal (SPEC §9), and so are the sealed
     # per-item results, now copies of the published files. If this process dies right here,
     # the retention sweep does both instead.

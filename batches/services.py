@@ -13,11 +13,12 @@ from batches import idempotency
 from batches.batchrouter import assignment_check_target
 from batches.models import Batch, BatchItem
 from batches.requests import BatchSubmission
-from batches.tasks import batch_finalize_later, engine_wake_later
+from batches.tasks import engine_wake, finalize
 from billing.pricing import TokenPrices, token_hold
 from billing.selectors import credit_for_org
 from billing.services import credit_hold
 from boardwalk import clock
+from boardwalk.broker import send_after_commit
 from boardwalk.errors import (
     CapacityExceeded,
     Conflict,
@@ -25,6 +26,7 @@ from boardwalk.errors import (
     InvalidRequest,
     ServiceUnavailable,
 )
+from boardwalk.faultpoints import fault_point
 from boardwalk.models import Organization
 from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
@@ -283,40 +285,54 @@ def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmiss
 def batch_create(
     *, org: Organization, submission: BatchSubmission, idempotency_key: str, request_digest: str
 ) -> Batch:
-    existing = idempotency.key_acquire(org=org, key=idempotency_key, digest=request_digest)
-    if existing is not None:
-        return existing
-    try:
-        plan = _plan(org=org, submission=submission)
-        with transaction.atomic():
-            # One org's creates serialize here: capacity and credit are checked and held
-            # atomically, so two racing batches cannot both spend the last credit.
-            Organization.objects.select_for_update().get(pk=org.pk)
-            _recheck_input(plan.file)
-            _check_capacity(org=org, plan=plan)
-            _check_credit(org=org, plan=plan)
-            try:
-                with transaction.atomic():
-                    batch = _create_rows(org=org, plan=plan, submission=submission)
-            except IntegrityError as exc:
-                raise InvalidRequest(
-                    f"Input file {plan.file.id} is already the input of another batch.",
-                    code="invalid_input_file_id",
-                    param="input_file_id",
-                ) from exc
-            idempotency.key_complete(org=org, key=idempotency_key, batch=batch)
-            transaction.on_commit(lambda: engine_wake_later(batch))
-    except BaseException:
-        idempotency.key_release(org=org, key=idempotency_key)
-        raise
-    logger.info(
-        "batch accepted id=%s org=%s items=%s hold=%s",
-        batch.id,
-        org.id,
-        batch.total,
-        plan.hold_microusd,
-    )
-    return batch
+    while True:
+        claim = idempotency.key_acquire(org=org, key=idempotency_key, digest=request_digest)
+        if isinstance(claim, Batch):
+            return claim
+        try:
+            batch, plan = _create_claimed(org=org, submission=submission, claim=claim)
+        except idempotency.ClaimLost:
+            continue  # presumed dead and taken over: the key now answers with their batch
+        except BaseException:
+            idempotency.key_release(claim=claim)
+            raise
+        finally:
+            idempotency.key_done(claim=claim)
+        logger.info(
+            "batch accepted id=%s org=%s items=%s hold=%s",
+            batch.id,
+            org.id,
+            batch.total,
+            plan.hold_microusd,
+        )
+        return batch
+
+
+def _create_claimed(
+    *, org: Organization, submission: BatchSubmission, claim: idempotency.KeyClaim
+) -> tuple[Batch, BatchPlan]:
+    fault_point("batch_create.key_taken")
+    plan = _plan(org=org, submission=submission)
+    with transaction.atomic():
+        # One org's creates serialize here: capacity and credit are checked and held
+        # atomically, so two racing batches cannot both spend the last credit.
+        Organization.objects.select_for_update().get(pk=org.pk)
+        _recheck_input(plan.file)
+        _check_capacity(org=org, plan=plan)
+        _check_credit(org=org, plan=plan)
+        try:
+            with transaction.atomic():
+                batch = _create_rows(org=org, plan=plan, submission=submission)
+        except IntegrityError as exc:
+            raise InvalidRequest(
+                f"Input file {plan.file.id} is already the input of another batch.",
+                code="invalid_input_file_id",
+                param="input_file_id",
+            ) from exc
+        idempotency.key_complete(claim=claim, batch=batch)
+        send_after_commit(engine_wake, batch.revision_id, batch.deployment_id or "")
+        fault_point("batch_create.in_transaction")
+    return batch, plan
 
 
 def batch_estimate(*, org: Organization, submission: BatchSubmission) -> dict:
@@ -346,7 +362,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
     batch.refresh_from_db()
     if moved:
         logger.info("batch cancelling id=%s", batch.id)
-        transaction.on_commit(lambda: batch_finalize_later(batch.id))
+        send_after_commit(finalize, batch.id)
         return batch
     if batch.is_terminal:
         raise Conflict(

@@ -12,7 +12,6 @@ import dramatiq
 
 from batches.items import EngineKey, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
-from batches.models import Batch
 from batches.sweeps import sweep_work
 from webhooks.delivery import deliveries_due
 from webhooks.tasks import webhook_deliver
@@ -70,12 +69,3 @@ def sweep() -> None:
         engine_wake.send(key.revision_id, key.deployment_id)
     for delivery_id in deliveries_due():  # webhook deliveries whose message was lost or due
         webhook_deliver.send(delivery_id)
-
-
-def engine_wake_later(batch: Batch) -> None:
-    """Call from transaction.on_commit: the worker must find the committed rows."""
-    engine_wake.send(batch.revision_id, batch.deployment_id or "")
-
-
-def batch_finalize_later(batch_id: str) -> None:
-    finalize.send(batch_id)

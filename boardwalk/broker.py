@@ -7,6 +7,10 @@ duplicating a message costs latency, never work.
 - REDIS_URL set: a RedisBroker with a short heartbeat and frequent maintenance, so a killed
   worker's unacked message is re-delivered within seconds (the defaults took > 15 minutes).
 - REDIS_URL unset (embedded default): a StubBroker consumed by an in-process worker thread.
+
+Requests enqueue through `send_after_commit`, never `actor.send` directly: the message goes
+out only once the rows it names are committed, and a broker that is down costs a log line
+(the sweeper re-wakes the work), never the answer to a request whose work was committed.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import logging
 from typing import Any
 
 import dramatiq
+import redis
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import close_old_connections, connections, transaction
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import (
@@ -35,6 +40,11 @@ MAINTENANCE_CHANCE = 100_000  # out of 1,000,000 broker commands: about every te
 # Actors bound their own work (see inference.tasks); this is the backstop. Dramatiq's
 # TimeLimitExceeded is a BaseException, so no `except Exception` swallows it.
 DEFAULT_TIME_LIMIT_MS = 30 * 60 * 1000
+# A Redis that hangs (paused, partitioned) must not hang a request that enqueues: give up
+# after this and let the sweeper re-wake the work. Consumers poll without blocking commands,
+# so no legitimate call takes this long.
+REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
+REDIS_CONNECT_TIMEOUT_SECONDS = 2.0
 
 _broker: dramatiq.Broker | None = None
 
@@ -81,8 +91,13 @@ def setup_broker() -> dramatiq.Broker:
     if _broker is not None:
         return _broker
     if settings.REDIS_URL:
+        pool = redis.ConnectionPool.from_url(
+            settings.REDIS_URL,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_SECONDS,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_SECONDS,
+        )
         broker: dramatiq.Broker = RedisBroker(
-            url=settings.REDIS_URL,
+            connection_pool=pool,
             namespace=settings.BROKER_NAMESPACE,
             middleware=_middleware(),
             heartbeat_timeout=HEARTBEAT_TIMEOUT_MS,
@@ -98,3 +113,33 @@ def setup_broker() -> dramatiq.Broker:
 
 def is_embedded() -> bool:
     return not settings.REDIS_URL
+
+
+# What a send raises when the broker cannot be reached (Redis down, refusing, timing out).
+BROKER_UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    dramatiq.errors.BrokerConnectionError,
+    OSError,
+)
+
+
+def send_after_commit(actor: dramatiq.Actor, *args: Any) -> None:
+    """Enqueue `actor(*args)` once the current transaction commits (at once outside one).
+
+    The message only wakes a worker (the database holds the work), so a broker that cannot
+    be reached is logged, by error type only, and left to the sweeper, which re-wakes
+    claimable items and re-drives finalization every sweep interval.
+    """
+
+    def send() -> None:
+        try:
+            actor.send(*args)
+        except BROKER_UNREACHABLE as exc:
+            logger.error(
+                "broker unreachable; %s not enqueued, the sweeper will re-wake it: %s",
+                actor.actor_name,
+                type(exc).__name__,
+            )
+
+    transaction.on_commit(send)

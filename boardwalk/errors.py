@@ -8,7 +8,9 @@ DRF's and Django's own exceptions, in the same envelope:
 The OpenAI SDK retries 408/409/429/5xx unless told otherwise (SPEC §10a). An error that will
 succeed later sets `retry_after`: it answers `Retry-After` and `x-should-retry: true` (so the SDK
 waits and retries even where it would not by itself); any other 4xx answers
-`x-should-retry: false`, so the SDK never resends a request that cannot succeed.
+`x-should-retry: false`, so the SDK never resends a request that cannot succeed. A database or
+broker that cannot be reached is an outage, not a bug: it answers 503 `backend_unavailable`
+with `Retry-After`, never 500.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import InterfaceError as DatabaseInterfaceError
+from django.db import OperationalError as DatabaseOperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -125,9 +130,21 @@ class RangeNotSatisfiable(BoardwalkError):
 
 
 class ServiceUnavailable(BoardwalkError):
+    """Temporarily unable to answer; the same request will succeed later."""
+
     status = 503
     code = "service_unavailable"
     retry_after: int | None = 5
+
+
+# Lost or refused connections, lock and statement timeouts, a database restarting: the
+# request may succeed as it is once the outage passes.
+_OUTAGES: tuple[type[BaseException], ...] = (
+    DatabaseOperationalError,
+    DatabaseInterfaceError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
 
 
 class CapacityExceeded(BoardwalkError):
@@ -170,6 +187,8 @@ def retry_headers(status: int, *, retry_after: int | None = None) -> dict[str, s
         return {"Retry-After": str(retry_after), "x-should-retry": "true"}
     if 400 <= status < 500 and status != 408:
         return {"x-should-retry": "false"}
+    if status == 503:
+        return {"x-should-retry": "true"}
     return {}
 
 
@@ -224,7 +243,7 @@ def render(error: BoardwalkError) -> Response:
 
 def render_plain(error: BoardwalkError) -> JsonResponse:
     """The envelope as a plain Django response, for middleware (outside DRF's rendering)."""
-    headers = {**retry_headers(error.status), **error.headers}
+    headers = {**retry_headers(error.status, retry_after=error.retry_after), **error.headers}
     return JsonResponse(error.envelope(), status=error.status, headers=headers)
 
 
@@ -237,6 +256,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return render(ScopeError("Permission denied."))
     if isinstance(exc, drf.APIException):
         return render(_from_drf(exc))
+    if isinstance(exc, _OUTAGES):
+        # The type only: a driver message can quote the statement and its parameters.
+        logger.error("outage answered 503: %s", type(exc).__name__)
+        return render(
+            ServiceUnavailable(
+                "A backing service (database or queue) is unavailable right now; retry shortly.",
+                code="backend_unavailable",
+            )
+        )
     return None  # unexpected: Django's 500 handler (below) answers in the envelope
 
 

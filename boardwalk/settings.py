@@ -112,19 +112,29 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
-    # Bounded lock and transaction times (one place; each overridable): a worker frozen
-    # inside a transaction, or a statement queued behind its locks, gives up instead of
-    # stalling every other worker and the sweeper behind one row.
+    # Persistent connections, checked before each request reuses one: a connection that
+    # PostgreSQL dropped (restart, failover, terminated backend) is replaced, not a 500.
+    DATABASES = {
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+    }
+    # Time bounds on every session, so a stuck or paused process cannot stall the others:
+    # a lock wait gives up (the caller retries or answers 503), a runaway statement is
+    # cancelled, and a transaction left open by a frozen process is ended, releasing its
+    # row locks. Zero disables one. Values in milliseconds.
     DB_LOCK_TIMEOUT_MS = env_int("BOARDWALK_DB_LOCK_TIMEOUT_MS", 5_000)
     DB_STATEMENT_TIMEOUT_MS = env_int("BOARDWALK_DB_STATEMENT_TIMEOUT_MS", 60_000)
     DB_IDLE_IN_TRANSACTION_TIMEOUT_MS = env_int(
         "BOARDWALK_DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 30_000
     )
-    DATABASES["default"].setdefault("OPTIONS", {})["options"] = (
-        f"-c lock_timeout={DB_LOCK_TIMEOUT_MS}"
-        f" -c statement_timeout={DB_STATEMENT_TIMEOUT_MS}"
-        f" -c idle_in_transaction_session_timeout={DB_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+    _time_bounds = {
+        "lock_timeout": DB_LOCK_TIMEOUT_MS,
+        "statement_timeout": DB_STATEMENT_TIMEOUT_MS,
+        "idle_in_transaction_session_timeout": DB_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    }
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = " ".join(
+        [*filter(None, [_options.get("options", "")])]
+        + [f"-c {name}={value}" for name, value in _time_bounds.items()]
     )
 else:
     DATABASES = {
@@ -242,6 +252,8 @@ HTTP_MIN_BODY_RATE = env_float("BOARDWALK_HTTP_MIN_BODY_RATE", 4096.0)
 
 # /metrics: this Bearer token when set; loopback clients only when unset.
 METRICS_TOKEN = env_str("BOARDWALK_METRICS_TOKEN")
+# Test only (tests/faults/): the named boardwalk.faultpoints point stops this process.
+TEST_FAULT_POINT = env_str("BOARDWALK_TEST_FAULT_POINT")
 
 # Uploads never go through Django's handlers: POST /v1/files parses its multipart body
 # itself (files/multipart.py), validating and encrypting as bytes arrive; any other upload

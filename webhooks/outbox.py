@@ -7,9 +7,8 @@ after the broker exists (the admin imports webhooks.services early, at autodisco
 
 from __future__ import annotations
 
-from django.db import transaction
-
 from boardwalk import clock
+from boardwalk.broker import send_after_commit
 from boardwalk.ids import derived_id
 from webhooks.models import EVENT_TYPES, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from webhooks.tasks import webhook_deliver
@@ -43,5 +42,9 @@ def batch_event_record(*, org_id: str, batch_id: str, status: str) -> WebhookEve
 
 
 def webhook_deliveries_send_after_commit(delivery_ids: list[int]) -> None:
-    """The one place deliveries are enqueued (after commit: the worker must find the rows)."""
-    transaction.on_commit(lambda: [webhook_deliver.send(i) for i in delivery_ids])
+    """The one place deliveries are enqueued (after commit: the worker must find the rows).
+
+    A broker that cannot be reached costs latency only: the sweeper re-sends due deliveries.
+    """
+    for delivery_id in delivery_ids:
+        send_after_commit(webhook_deliver, delivery_id)

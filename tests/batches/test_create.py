@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from batches.models import Batch, BatchItem, IdempotencyRecord
 from billing.models import LedgerEntry
 from billing.selectors import credit_for_org
 from files.models import File
-from tests.conftest import PRICES, Api, Tenant, jsonl, make_tenant, request_line
+from tests.conftest import PRICES, Api, Tenant, jsonl, make_tenant, postgres_only, request_line
 
 pytestmark = pytest.mark.django_db
 
@@ -95,6 +97,34 @@ def test_same_key_different_body_is_409_reused(api: Api, uploaded: dict, catalog
     assert Batch.objects.count() == 1
 
 
+def _hold_key_in_another_thread(org: Any, key: str, digest: str, *, die: bool) -> Any:
+    """A concurrent request that took the key and is still working (or died: its
+    connection closed without finishing). Returns the event that lets it go."""
+    from batches import idempotency
+
+    taken, release = threading.Event(), threading.Event()
+
+    def owner() -> None:
+        try:
+            claim = idempotency.key_acquire(org=org, key=key, digest=digest)
+            taken.set()
+            if not die:
+                release.wait(30)
+                idempotency.key_release(claim=claim)  # type: ignore[arg-type]
+                idempotency.key_done(claim=claim)  # type: ignore[arg-type]
+        finally:
+            connection.close()  # a dead process's connection closes like this
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    assert taken.wait(10)
+    if die:
+        thread.join()
+    release.thread = thread  # type: ignore[attr-defined]
+    return release
+
+
+@pytest.mark.django_db(transaction=True)
 def test_key_still_in_progress_is_409_in_use_with_retry_after(
     api: Api, tenant: Tenant, uploaded: dict, settings
 ):
@@ -102,12 +132,55 @@ def test_key_still_in_progress_is_409_in_use_with_retry_after(
 
     settings.IDEMPOTENCY_WAIT_SECONDS = 0
     body = submission(uploaded["id"])
-    IdempotencyRecord.objects.create(org=tenant.org, key="busy", request_hash=request_hash(body))
-    response = api.post("/v1/batches", body, HTTP_IDEMPOTENCY_KEY="busy")
+    release = _hold_key_in_another_thread(tenant.org, "busy", request_hash(body), die=False)
+    try:
+        response = api.post("/v1/batches", body, HTTP_IDEMPOTENCY_KEY="busy")
+    finally:
+        release.set()
+        release.thread.join()
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "idempotency_key_in_use"
     assert response["Retry-After"] == "1"
     assert Batch.objects.count() == 0
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_key_of_a_request_that_died_is_taken_over_at_once(
+    api: Api, tenant: Tenant, uploaded: dict, settings
+):
+    """Issue 7 item 7: a web process killed mid-create blocked its key for 10 minutes."""
+    from batches.idempotency import request_hash
+
+    settings.IDEMPOTENCY_WAIT_SECONDS = 0  # no waiting: the dead owner is recognised at once
+    body = submission(uploaded["id"])
+    _hold_key_in_another_thread(tenant.org, "crashed", request_hash(body), die=True)
+    assert IdempotencyRecord.objects.filter(key="crashed", batch__isnull=True).exists()
+    response = api.post("/v1/batches", body, HTTP_IDEMPOTENCY_KEY="crashed")
+    assert response.status_code == 200, response.content
+    assert Batch.objects.count() == 1
+    assert LedgerEntry.objects.filter(kind="hold").count() == 1
+    assert IdempotencyRecord.objects.get(key="crashed").batch_id == response.json()["id"]
+
+
+def test_an_owner_whose_key_was_taken_over_rolls_its_batch_back(
+    api: Api, tenant: Tenant, uploaded: dict
+):
+    from batches import idempotency
+    from batches.requests import BatchSubmission
+    from batches.services import _create_claimed
+
+    claim = idempotency.key_acquire(org=tenant.org, key="fenced", digest="d")
+    assert isinstance(claim, idempotency.KeyClaim)
+    # Presumed dead: another request deleted our record and inserted its own.
+    IdempotencyRecord.objects.filter(pk=claim.record_id).delete()
+    IdempotencyRecord.objects.create(org=tenant.org, key="fenced", request_hash="d")
+    submission_ = BatchSubmission(input_file_id=uploaded["id"], metadata=None)
+    with pytest.raises(idempotency.ClaimLost):
+        _create_claimed(org=tenant.org, submission=submission_, claim=claim)
+    idempotency.key_done(claim=claim)
+    assert Batch.objects.count() == 0
+    assert not LedgerEntry.objects.filter(kind="hold").exists()
 
 
 def test_abandoned_key_is_taken_over(api: Api, tenant: Tenant, uploaded: dict):
