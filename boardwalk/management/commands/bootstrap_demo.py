@@ -39,7 +39,7 @@ class Command(BaseCommand):
             org, _ = Organization.objects.get_or_create(name=DEMO_ORG)
             fields = demo_revision_fields(path, size)
             revision = ModelRevision.objects.filter(
-                weights=fields["weights"]
+                weights=fields["weights"], label=fields["label"]
             ).first() or revision_create(**fields)
             if not CatalogModel.objects.filter(name=DEMO_MODEL).exists():
                 catalog_model_create(name=DEMO_MODEL, revision=revision, prices=DEMO_PRICES)
