@@ -15,7 +15,6 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from .types import ConstraintSpec
@@ -71,7 +70,12 @@ class Constraint:
         """Write the allowed next tokens into `bitmask[row]` (int32 words, CPU)."""
         if self.matcher.is_error():
             return  # left all-allowed: never reached with a grammar the validator compiled
-        llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        # What llguidance.torch.fill_next_token_bitmask does; importing that module pulls in
+        # torch.compile (seconds, and warnings) for a kernel this engine does not use.
+        words = bitmask[row]
+        if bitmask.dtype != torch.int32 or not words.is_contiguous() or not bitmask.is_cpu:
+            raise ValueError("the bitmask must be a contiguous int32 tensor on the CPU")
+        self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
 
     def advance(self, token: int) -> None:
         if token in self.table.eos_ids or self.matcher.is_stopped():
