@@ -28,7 +28,10 @@ def _resolver(org: Any) -> Any:
         except ModelNotUsable as exc:
             raise ModelLookupError(exc.code, exc.message) from exc
         return ModelTarget(
-            name=name, context_length=target.revision.context_length, media=target.batch_media
+            name=name,
+            context_length=target.revision.context_length,
+            media=target.batch_media,
+            tool_call_format=target.revision.tool_call_format,
         )
 
     return resolve

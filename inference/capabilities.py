@@ -19,22 +19,27 @@ REFERENCE_FIELDS = frozenset(
     }
 )  # fmt: skip
 
-# Fields the engine honours (sampling and stopping) or that carry no behaviour (user,
-# metadata, store: accepted, nothing stored).
+# Fields the engine honours (sampling, stopping, constrained decoding, log probabilities) or
+# that carry no behaviour (user, metadata, store: accepted, nothing stored). `tools` also
+# needs a revision with a tool-call format (ModelRevision.tool_call_format).
 HONOURED_FIELDS = frozenset(
     {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
         "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user",
-        "metadata", "store", "stream", "logprobs", "response_format",
+        "metadata", "store", "stream", "logprobs", "top_logprobs", "response_format", "tools",
+        "tool_choice", "parallel_tool_calls",
     }
 )  # fmt: skip
 
 # Honoured only with these values (anything else is "unsupported_parameter").
 NEUTRAL_ONLY = {
     "stream": (False, None),
-    "logprobs": (False, None),
 }
-RESPONSE_FORMATS = ("text",)
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+TOOL_CHOICES = ("none", "auto", "required")
+
+MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128
 
 MAX_N = 8
 MAX_STOP_SEQUENCES = 4

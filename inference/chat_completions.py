@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from inference.engine.chat import render_prompt
-from inference.engine.types import GenerationResult, SamplingParams
+from inference.engine.types import (
+    FINISH_STOP,
+    Choice,
+    ConstraintSpec,
+    GenerationResult,
+    SamplingParams,
+    TokenLogprob,
+)
+from inference.structured import grammar_for, parse_tool_calls, tool_choice_mode
+
+FINISH_TOOL_CALLS = "tool_calls"
 
 
 def max_output_tokens(body: dict[str, Any]) -> int:
@@ -13,7 +23,8 @@ def max_output_tokens(body: dict[str, Any]) -> int:
 
 
 def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
-    return render_prompt(tokenizer, body["messages"])
+    # Tools are shown to the model even under tool_choice "none", as the reference does.
+    return render_prompt(tokenizer, body["messages"], body.get("tools") or None)
 
 
 def sampling_params(body: dict[str, Any]) -> SamplingParams:
@@ -29,6 +40,10 @@ def sampling_params(body: dict[str, Any]) -> SamplingParams:
         presence_penalty=float(body.get("presence_penalty") or 0.0),
         frequency_penalty=float(body.get("frequency_penalty") or 0.0),
         logit_bias={int(k): float(v) for k, v in (body.get("logit_bias") or {}).items()},
+        logprobs=body.get("logprobs") is True,
+        top_logprobs=int(body.get("top_logprobs") or 0),
+        constraint=ConstraintSpec(grammar) if (grammar := grammar_for(body)) else None,
+        tool_calls=bool(body.get("tools")) and tool_choice_mode(body)[0] != "none",
     )
 
 
@@ -45,6 +60,7 @@ def usage_payload(*, prompt: int, cached: int, completion: int) -> dict[str, Any
 def completion_body(
     result: GenerationResult, *, completion_id: str, model: str, model_config_id: str, created: int
 ) -> dict[str, Any]:
+    tool_calls = result.params is not None and result.params.tool_calls
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -52,12 +68,7 @@ def completion_body(
         "model": model,
         "system_fingerprint": model_config_id,
         "choices": [
-            {
-                "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text, "refusal": None},
-                "finish_reason": choice.finish_reason,
-                "logprobs": None,
-            }
+            _choice(choice, seed=f"{completion_id}:{choice.index}", tool_calls=tool_calls)
             for choice in result.choices
         ],
         "usage": usage_payload(
@@ -65,4 +76,46 @@ def completion_body(
             cached=result.cached_tokens,
             completion=result.completion_tokens,
         ),
+    }
+
+
+def _choice(choice: Choice, *, seed: str, tool_calls: bool) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    finish_reason = choice.finish_reason
+    calls = parse_tool_calls(choice.text, seed=seed) if tool_calls else None
+    if calls is not None:
+        # The reply is its calls, as the reference gives it: no text beside them.
+        message["content"] = None
+        message["tool_calls"] = calls
+        if finish_reason == FINISH_STOP:
+            finish_reason = FINISH_TOOL_CALLS
+    return {
+        "index": choice.index,
+        "message": message,
+        "finish_reason": finish_reason,
+        "logprobs": _logprobs(choice.logprobs) if choice.logprobs is not None else None,
+    }
+
+
+def _logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """The reference's `choices[].logprobs`: one entry per token of the text (end-of-sequence
+    tokens, which are not in the text, left out)."""
+    return {
+        "content": [
+            {
+                **_token_entry(entry.token, entry.logprob),
+                "top_logprobs": [_token_entry(raw, logprob) for _, raw, logprob in entry.top],
+            }
+            for entry in tokens
+            if not entry.special
+        ],
+        "refusal": None,
+    }
+
+
+def _token_entry(raw: bytes, logprob: float) -> dict[str, Any]:
+    return {
+        "token": raw.decode("utf-8", errors="replace"),
+        "logprob": logprob,
+        "bytes": list(raw),
     }

@@ -18,13 +18,22 @@ from typing import Any
 
 CONTEXT_LENGTH = 2048
 MARKER = "boardwalk-demo-model.json"
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: the chat template renders tools and tool calls
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
 # ChatML. Content is a string or a list of parts; text parts are joined, other parts dropped
-# (the upload validator refuses them for a text-only revision before they get here).
+# (the upload validator refuses them for a text-only revision before they get here). Tools are
+# listed in a system turn of their own; tool calls use the "hermes" syntax
+# (inference/structured.py): one `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`
+# block per call, and tool results come back as `tool` turns.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\nYou may call these functions:\\n<tools>\\n' -}}"
+    "{%- for tool in tools -%}{{- tool | tojson -}}{{- '\\n' -}}{%- endfor -%}"
+    "{{- '</tools>\\nTo call one, reply with <tool_call>\\n"
+    '{"name": <name>, "arguments": <arguments>}\\n</tool_call><|im_end|>\\n\' -}}'
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}"
@@ -34,6 +43,14 @@ CHAT_TEMPLATE = (
     "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
     "{%- endfor -%}"
     "{%- endif -%}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- if not loop.first or message['content'] -%}{{- '\\n' -}}{%- endif -%}"
+    "{{- '<tool_call>\\n{\"name\": ' + (call['function']['name'] | tojson) -}}"
+    "{{- ', \"arguments\": ' -}}"
+    "{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}"
+    "{%- else -%}{{- call['function']['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
@@ -200,7 +217,12 @@ def build_demo_model(out_dir: Path, *, size: str = "tiny") -> Path:
         raise ValueError(f"unknown demo model size {size!r}; choose from {sorted(SIZES)}")
     out_dir = Path(out_dir)
     if (out_dir / MARKER).is_file():
-        return out_dir
+        if _built_version(out_dir) == BUILD_VERSION:
+            return out_dir
+        # An older build: replaced whole (the weights are the same, the tokenizer is not).
+        stale = out_dir.with_name(f".{out_dir.name}.stale-{os.getpid()}")
+        os.rename(out_dir, stale)
+        shutil.rmtree(stale, ignore_errors=True)
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists but is not a finished demo model build")
 
@@ -221,6 +243,13 @@ def build_demo_model(out_dir: Path, *, size: str = "tiny") -> Path:
     return out_dir
 
 
+def _built_version(directory: Path) -> int | None:
+    try:
+        return int(json.loads((directory / MARKER).read_text()).get("build_version", 0))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def demo_revision_fields(path: Path, size: str) -> dict[str, Any]:
     """Fields for `ModelRevision.objects.create(**fields)` serving the demo model at `path`."""
     if size not in SIZES:
@@ -231,6 +260,7 @@ def demo_revision_fields(path: Path, size: str) -> dict[str, Any]:
         "context_length": CONTEXT_LENGTH,
         "dtype": "auto",
         "modalities": ["text"],
+        "tool_call_format": "hermes",
     }
 
 

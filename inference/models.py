@@ -35,6 +35,13 @@ class ModelRevision(models.Model):
     context_length = models.PositiveIntegerField()
     dtype = models.CharField(max_length=16, default="auto")
     modalities = models.JSONField(default=list)
+    tool_call_format = models.CharField(
+        max_length=32,
+        blank=True,
+        choices=[("", "none (no tool calls)"), ("hermes", "hermes: <tool_call>{json}</tool_call>")],
+        help_text="How the chat template renders tools and the model writes tool calls; "
+        "blank means the revision takes no `tools`.",
+    )
     created_at = models.DateTimeField(default=clock.now, editable=False)
 
     class Meta:

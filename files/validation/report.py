@@ -13,6 +13,7 @@ class ModelTarget:
     name: str
     context_length: int  # max tokens of the revision
     media: frozenset[str]  # modalities accepted in batch besides text: subset of {"image", "audio"}
+    tool_call_format: str = ""  # the revision's tool-call syntax; "" = it takes no `tools`
 
 
 class ModelLookupError(Exception):

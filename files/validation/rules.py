@@ -16,11 +16,15 @@ from inference.capabilities import (
     HONOURED_FIELDS,
     MAX_N,
     MAX_STOP_SEQUENCES,
+    MAX_TOOLS,
+    MAX_TOP_LOGPROBS,
     NEUTRAL_ONLY,
     REFERENCE_FIELDS,
     RESPONSE_FORMATS,
     ROLES,
+    TOOL_CHOICES,
 )
+from inference.structured import GrammarError, check_grammar
 
 from .report import ModelTarget
 
@@ -62,6 +66,7 @@ _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
 _ROLE_LIST = ", ".join(ROLES)
 
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 _TOKEN_ID = re.compile(r"[0-9]{1,10}")
 _DATA_IMAGE_PREFIX = re.compile(r"data:image/[A-Za-z0-9.+\-]{1,64};base64,", re.IGNORECASE)
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/]*")
@@ -188,6 +193,7 @@ def check_body(
         if problem is not None:
             problems.add(field, *problem)
             n_ok = n_ok and key != "n"
+    _check_structured(body, target, {field for field, _, _ in problems}, problems)
     n = body.get("n")
     if n is None:
         n = 1
@@ -295,18 +301,22 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
         if key == "name" or (key == "tool_call_id" and role == "tool"):
             if not isinstance(value, str) or not value:
                 problems.add(field, "invalid_message", f"{field} must be a non-empty string")
+        elif key == "tool_calls" and role == "assistant":
+            _check_history_calls(value, field, problems)
         else:
             problems.add(
                 field,
                 "unknown_field",
                 f"remove {field}; a message holds role, content and optionally name "
-                "(tool messages: tool_call_id)",
+                "(tool messages: tool_call_id; assistant messages: tool_calls)",
             )
     if role == "tool" and "tool_call_id" not in message:
         problems.add(
             f"{path}.tool_call_id", "missing_field", f"add {path}.tool_call_id to the tool message"
         )
 
+    if role == "assistant" and "tool_calls" in message and message.get("content") is None:
+        return  # an assistant turn that only called tools has no content
     if "content" not in message:
         problems.add(f"{path}.content", "missing_field", f"add {path}.content")
         return
@@ -322,6 +332,32 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
         return
     for index, part in enumerate(content):
         _check_part(part, f"{path}.content[{index}]", role, target, problems)
+
+
+def _check_history_calls(calls: Any, path: str, problems: Problems) -> None:
+    """`tool_calls` of an assistant message in the input history."""
+    if type(calls) is not list or not calls:
+        problems.add(path, "invalid_message", f"{path} must be a non-empty list of tool calls")
+        return
+    for index, call in enumerate(calls):
+        where = f"{path}[{index}]"
+        function = call.get("function") if type(call) is dict else None
+        if (
+            type(call) is not dict
+            or set(call) - {"id", "type", "function"}
+            or not isinstance(call.get("id"), str)
+            or call.get("type") != "function"
+            or type(function) is not dict
+            or set(function) - {"name", "arguments"}
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            problems.add(
+                where,
+                "invalid_message",
+                f'{where} must be {{"id", "type": "function", "function": '
+                '{"name", "arguments"}}, with string id, name and arguments',
+            )
 
 
 def _check_part(
@@ -535,18 +571,99 @@ def _check_store(value: Any, field: str) -> tuple[str, str] | None:
     return None if type(value) is bool else _invalid(f"{field} must be true or false")
 
 
+def _check_bool(value: Any, field: str) -> tuple[str, str] | None:
+    return None if type(value) is bool else _invalid(f"{field} must be true or false")
+
+
+def _check_top_logprobs(value: Any, field: str) -> tuple[str, str] | None:
+    if _is_int(value) and 0 <= value <= MAX_TOP_LOGPROBS:
+        return None
+    return _invalid(f"{field} must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+
+
 def _check_response_format(value: Any, field: str) -> tuple[str, str] | None:
     kind = value.get("type") if type(value) is dict else None
-    if isinstance(kind, str) and kind in RESPONSE_FORMATS and len(value) == 1:
+    shown = ", ".join(f'"{name}"' for name in RESPONSE_FORMATS)
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMATS:
+        return _invalid(f"{field} must be an object whose type is one of {shown}")
+    if kind != "json_schema":
+        if len(value) != 1:
+            return _invalid(f'{field} of type "{kind}" holds only type')
         return None
-    if kind in ("json_object", "json_schema"):
-        return (
-            "unsupported_parameter",
-            f'{field} type {kind} is not supported by this engine; use {{"type": "text"}} or '
-            "remove it",
+    if set(value) != {"type", "json_schema"}:
+        return _invalid(f'{field} of type "json_schema" holds type and json_schema')
+    spec = value["json_schema"]
+    where = f"{field}.json_schema"
+    if type(spec) is not dict or set(spec) - {"name", "description", "schema", "strict"}:
+        return _invalid(
+            f"{where} must be an object with name, and optionally description, schema and strict"
         )
-    shown = ", ".join(f'{{"type": "{name}"}}' for name in RESPONSE_FORMATS)
-    return _invalid(f"{field} must be {shown}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+        return _invalid(f"{where}.name must be 1 to 64 letters, digits, underscores or dashes")
+    if not isinstance(spec.get("description", ""), str):
+        return _invalid(f"{where}.description must be a string")
+    if spec.get("schema") is not None and type(spec["schema"]) is not dict:
+        return _invalid(f"{where}.schema must be a JSON Schema object")
+    if spec.get("strict") is not None and type(spec["strict"]) is not bool:
+        return _invalid(f"{where}.strict must be true or false")
+    return None
+
+
+def _check_tools(value: Any, field: str) -> tuple[str, str] | None:
+    if type(value) is not list or not 1 <= len(value) <= MAX_TOOLS:
+        return _invalid(f"{field} must be a list of 1 to {MAX_TOOLS} tools")
+    names: set[str] = set()
+    for index, tool in enumerate(value):
+        where = f"{field}[{index}]"
+        if type(tool) is not dict or tool.get("type") != "function":
+            return (
+                "unsupported_parameter",
+                f'{where} must be a function tool ({{"type": "function", "function": ...}}); '
+                "other tool types are not supported",
+            )
+        function = tool.get("function")
+        if set(tool) != {"type", "function"} or type(function) is not dict:
+            return _invalid(f'{where} holds type "function" and a function object')
+        extra = set(function) - {"name", "description", "parameters", "strict"}
+        if extra:
+            return _invalid(
+                f"{where}.function holds name, and optionally description, parameters and strict"
+            )
+        name = function.get("name")
+        if not isinstance(name, str) or not _FUNCTION_NAME.fullmatch(name):
+            return _invalid(
+                f"{where}.function.name must be 1 to 64 letters, digits, underscores or dashes"
+            )
+        if name in names:
+            return _invalid(f"{where}.function.name repeats an earlier tool's name")
+        names.add(name)
+        if not isinstance(function.get("description", ""), str):
+            return _invalid(f"{where}.function.description must be a string")
+        if function.get("parameters") is not None and type(function["parameters"]) is not dict:
+            return _invalid(f"{where}.function.parameters must be a JSON Schema object")
+        if function.get("strict") is not None and type(function["strict"]) is not bool:
+            return _invalid(f"{where}.function.strict must be true or false")
+    return None
+
+
+def _check_tool_choice(value: Any, field: str) -> tuple[str, str] | None:
+    if isinstance(value, str) and value in TOOL_CHOICES:
+        return None
+    function = value.get("function") if type(value) is dict else None
+    if (
+        type(value) is dict
+        and set(value) == {"type", "function"}
+        and value["type"] == "function"
+        and type(function) is dict
+        and set(function) == {"name"}
+        and isinstance(function["name"], str)
+    ):
+        return None
+    choices = ", ".join(f'"{c}"' for c in TOOL_CHOICES)
+    return _invalid(
+        f'{field} must be one of {choices} or {{"type": "function", "function": {{"name": ...}}}}'
+    )
 
 
 PARAMETER_CHECKS: dict[str, ParameterCheck] = {
@@ -561,5 +678,80 @@ PARAMETER_CHECKS: dict[str, ParameterCheck] = {
     "user": _check_user,
     "metadata": _check_metadata,
     "store": _check_store,
+    "logprobs": _check_bool,
+    "top_logprobs": _check_top_logprobs,
     "response_format": _check_response_format,
+    "tools": _check_tools,
+    "tool_choice": _check_tool_choice,
+    "parallel_tool_calls": _check_bool,
 }
+
+
+# -- rules across fields: log probabilities, tools, grammars ----------------------------------
+
+
+def _check_structured(
+    body: dict[str, Any], target: ModelTarget | None, failed: set[str], problems: Problems
+) -> None:
+    """Rules that read several fields; each runs only when its fields passed alone."""
+    if (
+        body.get("top_logprobs") is not None
+        and "body.top_logprobs" not in failed
+        and body.get("logprobs") is not True
+    ):
+        problems.add(
+            "body.top_logprobs",
+            "invalid_parameter",
+            "body.top_logprobs needs body.logprobs set to true",
+        )
+
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    tools_ok = "body.tools" not in failed
+    if tools is None:
+        for key in ("tool_choice", "parallel_tool_calls"):
+            if body.get(key) is not None and f"body.{key}" not in failed:
+                problems.add(
+                    f"body.{key}", "invalid_parameter", f"body.{key} needs body.tools; add tools"
+                )
+    elif tools_ok and target is not None and not target.tool_call_format:
+        problems.add(
+            "body.tools",
+            "unsupported_parameter",
+            "body.tools: this model's chat template has no tool-call format, so it cannot "
+            "take tools; remove them or choose a model that supports tools",
+        )
+        tools_ok = False
+    elif tools_ok and type(choice) is dict and "body.tool_choice" not in failed:
+        names = {tool["function"]["name"] for tool in tools}
+        if choice["function"]["name"] not in names:
+            problems.add(
+                "body.tool_choice",
+                "invalid_parameter",
+                "body.tool_choice names a function that is not in body.tools",
+            )
+
+    # Compile each schema on its own, so that an error names the schema at fault.
+    tool_format = (target.tool_call_format if target is not None else "") or "hermes"
+    parts: list[tuple[str, dict[str, Any]]] = []
+    if body.get("response_format") is not None and "body.response_format" not in failed:
+        parts.append(
+            (
+                "body.response_format.json_schema.schema",
+                {"response_format": body["response_format"]},
+            )
+        )
+    if tools is not None and tools_ok:
+        for index, tool in enumerate(tools):
+            parts.append(
+                (
+                    f"body.tools[{index}].function.parameters",
+                    {"tools": [tool], "tool_choice": "required"},
+                )
+            )
+    for field, part in parts:
+        try:
+            check_grammar(part, tool_call_format=tool_format)
+        except GrammarError as exc:
+            code = "unsupported_parameter" if exc.unsupported else "invalid_parameter"
+            problems.add(field, code, f"{field}: {exc.message}")

@@ -287,6 +287,7 @@ class Engine:
                     completion_tokens=sum(len(c.token_ids) for c in choices),
                     cached_tokens=owner.cached_tokens,
                     busy_seconds=owner.busy,
+                    params=owner.request.params,  # hook (chat surface): echoed for the body
                 )
 
     def _invalid(self, request: GenerationRequest) -> str | None:
@@ -374,6 +375,7 @@ class Engine:
             eos_ids=self._eos_sorted,
             vocab_size=self._vocab_size,
             device=self._device,
+            tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
         return _Sequence(owner=request, choice=choice, sampling=sampling)
 
@@ -723,7 +725,11 @@ class Engine:
         if text is None:
             text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
         seq.owner.choices[seq.choice] = Choice(
-            index=seq.choice, token_ids=list(seq.tokens), text=text, finish_reason=reason
+            index=seq.choice,
+            token_ids=list(seq.tokens),
+            text=text,
+            finish_reason=reason,
+            logprobs=seq.sampling.logprobs,  # hook (chat surface): recorded by sample()
         )
         return reason
 

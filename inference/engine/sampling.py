@@ -11,10 +11,15 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from .types import SamplingParams
+from .constraints import Constraint, TokenTable, allowed_tokens, mask_words, token_table
+from .types import SamplingParams, TokenLogprob
+
+# What a masked-out alternative reports as its log probability (JSON has no -Infinity).
+_FLOOR_LOGPROB = -9999.0
 
 
 @dataclass
@@ -29,11 +34,22 @@ class RowSampling:
     bias_ids: torch.Tensor | None
     bias_values: torch.Tensor | None
     banned_ids: torch.Tensor | None  # end-of-sequence ids under ignore_eos
+    constraint: Constraint | None = None  # the grammar this row's output must match
+    logprobs: list[TokenLogprob] | None = None  # filled by `sample` when asked for
+    top_logprobs: int = 0
+    table: TokenTable | None = None
 
 
 def row_sampling(
-    params: SamplingParams, *, choice: int, eos_ids: Sequence[int], vocab_size: int, device
+    params: SamplingParams,
+    *,
+    choice: int,
+    eos_ids: Sequence[int],
+    vocab_size: int,
+    device,
+    tokenizer: Any = None,
 ) -> RowSampling:
+    """`tokenizer` is needed when the request has a constraint or asks for logprobs."""
     generator = None
     if params.temperature > 0:
         generator = torch.Generator()
@@ -43,7 +59,13 @@ def row_sampling(
     if bias:
         bias_ids = torch.tensor(list(bias), dtype=torch.long, device=device)
         bias_values = torch.tensor(list(bias.values()), dtype=torch.float32, device=device)
-    if params.ignore_eos and eos_ids:
+    table = constraint = None
+    if params.constraint is not None or params.logprobs:
+        table = token_table(tokenizer, vocab_size, tuple(sorted(eos_ids)))
+    if params.constraint is not None and table is not None:
+        constraint = Constraint(params.constraint, table)
+    if params.ignore_eos and eos_ids and constraint is None:
+        # A constrained row must be able to end where its grammar does.
         banned = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
     return RowSampling(
         temperature=params.temperature,
@@ -54,6 +76,10 @@ def row_sampling(
         bias_ids=bias_ids,
         bias_values=bias_values,
         banned_ids=banned,
+        constraint=constraint,
+        logprobs=[] if params.logprobs else None,
+        top_logprobs=params.top_logprobs if params.logprobs else 0,
+        table=table,
     )
 
 
@@ -68,7 +94,12 @@ def sample(
     logits: torch.Tensor, rows: Sequence[RowSampling], histories: Sequence[list[int]]
 ) -> list[int]:
     """Choose one token per row of `logits` ([rows, vocab]); `histories` are the tokens generated
-    so far (for the presence and frequency penalties)."""
+    so far (for the presence and frequency penalties).
+
+    Rows with a constraint draw only among the tokens their grammar allows, and move their
+    matcher past the chosen token; rows that asked for logprobs get them recorded, from the
+    distribution drawn from. Rows with neither pay nothing for either.
+    """
     logits = logits.float()
     vocab = logits.shape[-1]
     for i, row in enumerate(rows):
@@ -80,6 +111,9 @@ def sample(
             logits[i] -= row.frequency_penalty * counts + row.presence_penalty * (counts > 0)
         if row.banned_ids is not None:
             logits[i, row.banned_ids] = float("-inf")
+    constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
+    if constrained:
+        _mask(logits, [rows[i] for i in constrained], constrained)
 
     chosen = logits.argmax(dim=-1)
     plain = [i for i, r in enumerate(rows) if r.temperature > 0 and r.top_p >= 1]
@@ -89,7 +123,52 @@ def sample(
             index = torch.tensor(subset, device=logits.device)
             picked = _draw(logits[index], [rows[i] for i in subset], use_top_p)
             chosen[index] = picked
-    return chosen.tolist()
+    tokens: list[int] = chosen.tolist()
+    for i, row in enumerate(rows):
+        if row.logprobs is not None:
+            _record_logprobs(row, logits[i], tokens[i])
+    for i in constrained:
+        constraint = rows[i].constraint
+        if constraint is not None:
+            constraint.advance(tokens[i])
+    return tokens
+
+
+def _mask(logits: torch.Tensor, rows: list[RowSampling], index: list[int]) -> None:
+    vocab = logits.shape[-1]
+    bitmask = torch.full((len(rows), mask_words(vocab)), -1, dtype=torch.int32)
+    for j, row in enumerate(rows):
+        if row.constraint is not None:
+            row.constraint.fill(bitmask, j)
+    allowed = allowed_tokens(bitmask, vocab, logits.device)
+    where = torch.tensor(index, device=logits.device)
+    logits[where] = logits[where].masked_fill(~allowed, float("-inf"))
+
+
+def _record_logprobs(row: RowSampling, logits: torch.Tensor, token: int) -> None:
+    """Log probabilities under the distribution drawn from: the processed logits over the
+    temperature (greedy rows: temperature 1), before any nucleus cut."""
+    if row.logprobs is None or row.table is None:
+        return
+    scaled = logits / row.temperature if row.temperature > 0 else logits
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    top: list[tuple[int, bytes, float]] = []
+    if row.top_logprobs:
+        values, ids = logprobs.topk(min(row.top_logprobs, logprobs.shape[-1]))
+        for value, token_id in zip(values.tolist(), ids.tolist(), strict=True):
+            if value == float("-inf"):
+                break  # masked out: not an alternative the row could have drawn
+            top.append((token_id, row.table.token(token_id)[0], max(value, _FLOOR_LOGPROB)))
+    token_bytes, special = row.table.token(token)
+    row.logprobs.append(
+        TokenLogprob(
+            token_id=token,
+            token=token_bytes,
+            special=special,
+            logprob=max(float(logprobs[token]), _FLOOR_LOGPROB),
+            top=top,
+        )
+    )
 
 
 def _draw(logits: torch.Tensor, rows: list[RowSampling], use_top_p: bool) -> torch.Tensor:

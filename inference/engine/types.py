@@ -14,6 +14,14 @@ ERROR_INVALID_REQUEST = "invalid_request"
 ERROR_INTERNAL = "internal_error"
 
 
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """Output the row must match, as plain data: an llguidance grammar (inference/structured.py
+    builds it from `response_format` and `tools`). The engine keeps one matcher per sequence."""
+
+    grammar: str
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int
@@ -26,8 +34,14 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     # Generate exactly max_new_tokens, ignoring end-of-sequence tokens. For benchmarks and tests;
-    # no API field maps to it.
+    # no API field maps to it. A constrained row may still end once its grammar is complete.
     ignore_eos: bool = False
+    logprobs: bool = False  # record each sampled token's log probability
+    top_logprobs: int = 0  # and this many most likely alternatives (0-20)
+    constraint: ConstraintSpec | None = None
+    # The request's tools are enforced and their calls are read back (inference/structured.py);
+    # echoed to the completion through GenerationResult.params.
+    tool_calls: bool = False
 
 
 @dataclass
@@ -42,11 +56,24 @@ class GenerationRequest:
 
 
 @dataclass
+class TokenLogprob:
+    """One sampled token's log probability under the distribution it was drawn from (after
+    bias, penalties, the grammar mask and temperature), and the most likely alternatives."""
+
+    token_id: int
+    token: bytes  # the token's bytes; a special token is its name in UTF-8
+    special: bool  # a special token (end of sequence): not part of the text
+    logprob: float
+    top: list[tuple[int, bytes, float]]  # (token id, bytes, logprob), most likely first
+
+
+@dataclass
 class Choice:
     index: int
     token_ids: list[int]  # every generated token, the end-of-sequence token included
     text: str  # decoded, special tokens skipped, cut before the first stop string
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
 
 
 @dataclass
@@ -61,3 +88,4 @@ class GenerationResult:
     busy_seconds: float
     aborted: bool = False
     error: str | None = None  # ERROR_CONTEXT_LENGTH | ERROR_INVALID_REQUEST | ERROR_INTERNAL
+    params: SamplingParams | None = None  # the request's, echoed for the completion body

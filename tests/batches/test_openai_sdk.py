@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -9,6 +10,7 @@ import httpx2
 import openai
 import pytest
 from openai import OpenAI
+from openai.types.chat import ChatCompletion
 
 from tests.conftest import Tenant, jsonl, request_line
 
@@ -122,3 +124,66 @@ def test_sdk_errors_are_typed_and_not_retried(sdk, catalog_model):
         pytest.raises(openai.AuthenticationError),
     ):
         stranger.files.retrieve(file.id)
+
+
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 9}},
+        },
+        "strict": True,
+    },
+}
+ANSWER_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "answer",
+        "strict": True,
+        "schema": {"type": "object", "properties": {"label": {"enum": ["yes", "no"]}}},
+    },
+}
+
+
+def test_sdk_parses_structured_tool_call_and_logprob_rows(sdk, catalog_model, in_process_worker):
+    client, _ = sdk
+    rows = [
+        request_line("schema", max_tokens=40, response_format=ANSWER_FORMAT, seed=1),
+        request_line("object", max_tokens=40, response_format={"type": "json_object"}, seed=2),
+        request_line("tool", max_tokens=60, tools=[LOOKUP_TOOL], tool_choice="required", seed=3),
+        request_line("none", max_tokens=8, tools=[LOOKUP_TOOL], tool_choice="none", seed=4),
+        request_line("logprobs", max_tokens=8, logprobs=True, top_logprobs=3, seed=5),
+        request_line("plain", max_tokens=8, seed=6),
+    ]
+    file = client.files.create(file=("requests.jsonl", jsonl(*rows)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=file.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_headers={"Idempotency-Key": "sdk-structured"},
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.request_counts.completed == len(rows)
+
+    output = client.files.content(batch.output_file_id).text
+    completions = {}
+    for line in output.splitlines():
+        row = json.loads(line)
+        completions[row["custom_id"]] = ChatCompletion.model_validate(row["response"]["body"])
+    schema_choice = completions["schema"].choices[0]
+    assert json.loads(schema_choice.message.content or "") in ({"label": "yes"}, {"label": "no"})
+    tool_choice = completions["tool"].choices[0]
+    assert tool_choice.finish_reason == "tool_calls"
+    (call,) = tool_choice.message.tool_calls or []
+    assert call.function.name == "lookup" and set(json.loads(call.function.arguments)) == {"id"}
+    assert completions["none"].choices[0].message.tool_calls is None
+    logprobs = completions["logprobs"].choices[0].logprobs
+    assert logprobs is not None and logprobs.content
+    assert all(len(t.top_logprobs) == 3 and t.bytes for t in logprobs.content)
+    assert completions["plain"].choices[0].logprobs is None

@@ -727,16 +727,158 @@ def test_parameter_the_engine_cannot_honour_is_rejected(name):
     )
 
 
+TOOLS_TARGET = ModelTarget(
+    name=MODEL, context_length=4096, media=frozenset(), tool_call_format="hermes"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def json_schema_format(schema: object, **extra: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, **extra}}
+
+
 @pytest.mark.parametrize(
-    ("name", "value"),
+    "fields",
     [
-        ("logprobs", True),
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+        {"logprobs": True},
+        {"logprobs": True, "top_logprobs": 0},
+        {"logprobs": True, "top_logprobs": 20},
+        {"response_format": {"type": "json_object"}},
+        {"response_format": json_schema_format({"type": "object"}, strict=True)},
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        {"tools": [WEATHER]},
+        {"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False},
+        {"tools": [WEATHER], "tool_choice": "none"},
+        {
+            "tools": [WEATHER],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        {
+            "tools": [WEATHER],
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+        },
     ],
 )
-def test_parameter_value_the_engine_cannot_honour_is_rejected(name, value):
-    assert body_error(**{name: value}) == (2, f"body.{name}", "unsupported_parameter")
+def test_chat_completions_surface_is_accepted(fields):
+    report = validate(jsonl(make_request("ok", **fields)), target=TOOLS_TARGET)
+    assert report.ok, report.errors
+
+
+def test_invalid_schema_is_an_upload_error_naming_the_line_and_response_format():
+    data = jsonl(
+        make_request("ok"),
+        make_request("bad", response_format=json_schema_format({"type": "strng"})),
+    )
+
+    report = validate(data)
+
+    assert only_error(report) == (
+        2,
+        "body.response_format.json_schema.schema",
+        "invalid_parameter",
+    )
+    assert report.errors[0].message.startswith("Line 2: body.response_format")
+    assert report.lines[0].custom_id == "ok" and len(report.lines) == 1
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ({"type": "object", "not": {"required": ["a"]}}, "not"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "string", "pattern": "(?=secret)a"}, None),
+    ],
+)
+def test_unsupported_schema_feature_is_an_upload_error(schema, named):
+    data = jsonl(
+        make_request("ok"), make_request("bad", response_format=json_schema_format(schema))
+    )
+
+    report = validate(data)
+
+    assert only_error(report) == (
+        2,
+        "body.response_format.json_schema.schema",
+        "unsupported_parameter",
+    )
+    message = report.errors[0].message
+    if named:
+        assert named in message
+    assert "secret" not in message  # never quotes the schema's content
+
+
+def test_tool_parameters_schema_is_compiled_at_upload():
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}
+    assert body_error(tools=[WEATHER, bad], target=TOOLS_TARGET) == (
+        2,
+        "body.tools[1].function.parameters",
+        "invalid_parameter",
+    )
+
+
+def test_tools_on_a_revision_without_tool_support_are_refused():
+    data = jsonl(make_request("ok"), make_request("bad", tools=[WEATHER]))
+
+    report = validate(data, target=TEXT_ONLY)
+
+    assert only_error(report) == (2, "body.tools", "unsupported_parameter")
+    assert "tool" in report.errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "body.top_logprobs"),
+        ({"top_logprobs": 3}, "body.top_logprobs"),
+        ({"logprobs": "yes"}, "body.logprobs"),
+        ({"response_format": {"type": "xml"}}, "body.response_format"),
+        ({"response_format": {"type": "json_schema"}}, "body.response_format"),
+        ({"response_format": json_schema_format([1])}, "body.response_format"),
+        ({"response_format": {"type": "json_object", "schema": {}}}, "body.response_format"),
+        ({"tool_choice": "auto"}, "body.tool_choice"),
+        ({"parallel_tool_calls": True}, "body.parallel_tool_calls"),
+        ({"tools": []}, "body.tools"),
+        ({"tools": [WEATHER, WEATHER]}, "body.tools"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "body.tool_choice"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "body.tool_choice",
+        ),
+        ({"tools": [WEATHER], "parallel_tool_calls": 1}, "body.parallel_tool_calls"),
+    ],
+)
+def test_invalid_surface_values_are_refused(fields, field):
+    assert body_error(target=TOOLS_TARGET, **fields) == (2, field, "invalid_parameter")
+
+
+def test_other_tool_types_are_unsupported():
+    tool = {"type": "custom", "custom": {"name": "grep"}}
+    assert body_error(tools=[tool], target=TOOLS_TARGET) == (
+        2,
+        "body.tools",
+        "unsupported_parameter",
+    )
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class Command(BaseCommand):
             org, _ = Organization.objects.get_or_create(name=DEMO_ORG)
             fields = demo_revision_fields(path, size)
             revision = ModelRevision.objects.filter(
-                weights=fields["weights"]
+                weights=fields["weights"], label=fields["label"]
             ).first() or revision_create(**fields)
             catalog = CatalogModel.objects.filter(name=DEMO_MODEL).first()
             if catalog is None:
