@@ -109,6 +109,16 @@ class NotFound(BoardwalkError):
     code = "not_found"
 
 
+class RequestTimeout(BoardwalkError):
+    status = 408
+    code = "request_timeout"
+
+
+class LengthRequired(BoardwalkError):
+    status = 411
+    code = "length_required"
+
+
 class MethodNotAllowed(BoardwalkError):
     status = 405
     code = "method_not_allowed"

@@ -26,7 +26,13 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from boardwalk.errors import BoardwalkError, InvalidRequest, PayloadTooLarge, render_plain
+from boardwalk.errors import (
+    InvalidRequest,
+    LengthRequired,
+    PayloadTooLarge,
+    RequestTimeout,
+    render_plain,
+)
 from boardwalk.ids import new_id
 
 logger = logging.getLogger(__name__)
@@ -53,16 +59,6 @@ class RequestIdMiddleware:
                 request.path,
             )
         return response
-
-
-class LengthRequired(BoardwalkError):
-    status = 411
-    code = "length_required"
-
-
-class RequestTimeout(BoardwalkError):
-    status = 408
-    code = "request_timeout"
 
 
 class RequestLimitsMiddleware:
