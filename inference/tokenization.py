@@ -60,20 +60,39 @@ class ChatTokenizer:
             trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
         )
         env.globals["raise_exception"] = _raise
+        # transformers' own filter: plain JSON (jinja2's built-in one escapes HTML characters,
+        # which would count different tokens than the worker renders).
+        env.filters["tojson"] = _tojson
         self._template = env.from_string(template)
 
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],
         *,
+        tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         tokenize: bool = True,
         return_dict: bool = False,
     ) -> list[int]:
         text = self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            **self.special,
         )
         return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _token_text(value: Any) -> str | None:

@@ -51,6 +51,24 @@ def test_web_token_counts_equal_the_workers(catalog_model):
                 {"role": "user", "content": "  And at sunset?\n\n"},
             ]
         },
+        {
+            # Tools render through the template's tojson: the same (plain JSON) on both sides.
+            "messages": [{"role": "user", "content": "Weather in <Paris> & Zürich?"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "get_weather",
+                        "description": "Weather for a city <b>now</b> & 'later'",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                    },
+                }
+            ],
+        },
     ]
     web = chat_tokenizer_for(revision)
     worker = tokenizer_for(revision)
