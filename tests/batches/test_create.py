@@ -175,7 +175,7 @@ def test_an_owner_whose_key_was_taken_over_rolls_its_batch_back(
     # Presumed dead: another request deleted our record and inserted its own.
     IdempotencyRecord.objects.filter(pk=claim.record_id).delete()
     IdempotencyRecord.objects.create(org=tenant.org, key="fenced", request_hash="d")
-    submission_ = BatchSubmission(input_file_id=uploaded["id"], metadata=None)
+    submission_ = BatchSubmission(input_file_id=uploaded["id"])
     with pytest.raises(idempotency.ClaimLost):
         _create_claimed(org=tenant.org, submission=submission_, claim=claim)
     idempotency.key_done(claim=claim)

@@ -73,7 +73,9 @@ def test_each_kind_goes_on_time_and_a_second_pass_finds_nothing(
         assert sweep("retention")["retention"]["expired_results"] == 0
     with clock.travel(dt.timedelta(days=7, minutes=1)):
         counts = sweep("retention")["retention"]
-        assert counts["expired_results"] == 2  # the output and the error file
+        # The output file only: no row failed, so there is no error file (error_file_id null).
+        assert batch.error_file_id is None
+        assert counts["expired_results"] == 1
         assert sweep("retention")["retention"]["expired_results"] == 0
     assert blobs(content) == []  # every copy of every file
 
