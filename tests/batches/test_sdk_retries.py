@@ -21,6 +21,7 @@ from batches.idempotency import request_hash
 from batches.models import Batch, IdempotencyRecord
 from inference.demo_model import demo_revision_fields
 from inference.services import catalog_model_create, revision_create
+from tests.batches.test_create import _hold_key_in_another_thread
 from tests.conftest import Tenant, jsonl, make_tenant, request_line
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -210,11 +211,16 @@ def test_idempotency_key_in_use_waits_and_retries(sdk, sleeps, catalog_model, te
     client, transport = sdk
     file_id = upload(client, request_line())
     body = {"input_file_id": file_id, **CREATE}
-    # A first request with this key is still being processed (its record has no batch yet).
-    IdempotencyRecord.objects.create(org=tenant.org, key="busy", request_hash=request_hash(body))
+    # A first request with this key is still being processed: a live owner holds it (on
+    # PostgreSQL a record without a live owner is a crashed request, taken over at once).
+    release = _hold_key_in_another_thread(tenant.org, "busy", request_hash(body), die=False)
     transport.take()
-    with pytest.raises(openai.ConflictError) as error:
-        client.batches.create(**body, extra_headers={"Idempotency-Key": "busy"})
+    try:
+        with pytest.raises(openai.ConflictError) as error:
+            client.batches.create(**body, extra_headers={"Idempotency-Key": "busy"})
+    finally:
+        release.set()
+        release.thread.join()
     assert error.value.code == "idempotency_key_in_use"
     responses = transport.take()
     assert_final(responses, attempts=3, status=409)
