@@ -16,6 +16,7 @@ import orjson
 from django.db.models import F
 
 from boardwalk import clock, outbound
+from boardwalk.metrics import counter_inc
 from files.crypto import Keyring
 from webhooks import signing
 from webhooks.models import WebhookAttempt, WebhookDelivery
@@ -102,6 +103,8 @@ def delivery_attempt(*, delivery_id: int) -> str | None:
         error=error,
     )
     ok = status is not None and 200 <= status < 300
+    if not ok:  # for /metrics: no endpoint or tenant in the labels
+        counter_inc("boardwalk_webhook_failures_total", {"reason": "status" if status else "error"})
     after = clock.now()
     if ok:
         state, next_at = WebhookDelivery.State.DELIVERED, delivery.next_attempt_at

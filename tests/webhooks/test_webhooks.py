@@ -18,6 +18,7 @@ from standardwebhooks import Webhook
 
 from batches.lifecycle import batch_finalize
 from boardwalk import clock
+from boardwalk.models import MetricCounter
 from boardwalk.worker_runtime import WorkerRuntime
 from tests.batches.conftest import rows, submit
 from tests.conftest import Api, Tenant
@@ -165,6 +166,13 @@ def test_receiver_down_for_a_while_still_gets_the_event(api: Api, catalog_model,
     assert len({r.body for r in receiver.received}) == 1
     delivery.refresh_from_db()
     assert (delivery.state, delivery.attempts, delivery.last_status) == ("delivered", 5, 200)
+    # /metrics counts the four failed attempts, labelled by kind, never by endpoint or org.
+    failures = dict(
+        MetricCounter.objects.filter(name="boardwalk_webhook_failures_total").values_list(
+            "labels", "value"
+        )
+    )
+    assert failures == {'reason="error"': 1, 'reason="status"': 3}
 
 
 def test_delivery_gives_up_after_24_hours(api: Api, catalog_model, receiver):
