@@ -330,12 +330,17 @@ def test_deleting_the_input_while_a_batch_is_accepted_never_gives_two_200s(
     for attempt in range(3):
         answers = _create_and_delete_at_once(tenant, attempt)
         statuses = (answers["create"].status_code, answers["delete"].status_code)
-        assert statuses in ((200, 409), (400, 200)), statuses
+        # A create that waited out the lock bound on the file row may answer a retryable 503
+        # instead of the 400: still never two 200s, and nothing created.
+        assert statuses in ((200, 409), (400, 200), (503, 200)), statuses
         if statuses == (200, 409):
             assert answers["delete"].json()["error"]["code"] == "file_in_use"
             batch = Batch.objects.get(id=answers["create"].json()["id"])
             assert batch.input_file.status == "processed"
             batch_cancel(batch=batch)
         else:
-            assert answers["create"].json()["error"]["code"] == "invalid_input_file_id"
+            assert answers["create"].json()["error"]["code"] in (
+                "invalid_input_file_id",
+                "backend_unavailable",
+            )
             assert not Batch.objects.filter(input_file_id=answers["file_id"]).exists()
