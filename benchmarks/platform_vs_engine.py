@@ -16,6 +16,12 @@ separate `manage.py run_worker` process on PostgreSQL + Redis), wait for finaliz
 download the output. tok/s counts the completion tokens each path reports; the engine alone is
 timed around `generate` only, the platform from the upload's first byte to the download's
 last. Median of --rounds runs each, after one warm-up run of each. Prints the ratio.
+
+`--sectioned` (embedded default only) instead runs requests that all share a ~500-token system
+prompt through the platform three ways, alternating: as a BatchRouter sectioned file (the
+prompt once, in a section), as a standard file (the prompt repeated on every line), and as the
+standard file with the engine's prefix cache off (BOARDWALK_ENGINE_PREFIX_CACHE=false); the
+prefix cache is emptied before every run, so each computes the shared prompt at least once.
 """
 
 from __future__ import annotations
@@ -62,6 +68,47 @@ def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
     return bodies
 
 
+def _shared_prefix_bodies(count: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ~500-token system prompt (tiny/bench tokenizer) and `count` short questions."""
+    from inference.demo_model import _CORPUS
+
+    section = {
+        "model": "boardwalk/tiny-chat",
+        "max_completion_tokens": 16,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": " ".join(_CORPUS.split()[:420])}],
+    }
+    rng = random.Random(seed)
+    requests = [
+        {"messages": [{"role": "user", "content": f"Question {i}: {rng.random():.6f}?"}]}
+        for i in range(count)
+    ]
+    return section, requests
+
+
+def _sectioned_files(count: int, seed: int) -> tuple[bytes, bytes]:
+    """The same requests as a sectioned file and as a standard one."""
+    import orjson
+
+    section, requests = _shared_prefix_bodies(count, seed)
+    sectioned = [
+        {"type": "header", "format": "batchrouter.sectioned.v1"},
+        {"type": "section", "section_id": "s", "body": section},
+    ] + [{"type": "request", "custom_id": f"r{i}", "body": r} for i, r in enumerate(requests)]
+    standard = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {**section, "messages": section["messages"] + r["messages"]},
+        }
+        for i, r in enumerate(requests)
+    ]
+    return tuple(
+        b"".join(orjson.dumps(row) + b"\n" for row in rows) for rows in (sectioned, standard)
+    )  # type: ignore[return-value]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-size", default="tiny", choices=["tiny", "bench"])
@@ -69,6 +116,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sectioned", action="store_true", help="sectioned vs standard files")
     args = parser.parse_args()
     production = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     data_dir = Path(tempfile.mkdtemp(prefix="boardwalk-platform-"))
@@ -152,21 +200,22 @@ def main() -> None:
 
         runtime = WorkerRuntime(threads=1).start()
 
-    def platform() -> float:
+    def platform(data: bytes = jsonl, metadata: dict[str, str] | None = None) -> float:
         began = time.perf_counter()
         upload = client.post(
-            "/v1/files", {"file": _named(jsonl), "purpose": "batch"}, format="multipart", **auth
+            "/v1/files", {"file": _named(data), "purpose": "batch"}, format="multipart", **auth
         )
+        submission: dict[str, Any] = {
+            "input_file_id": upload.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        if metadata:
+            submission["metadata"] = metadata
         created = client.generic(
             "POST",
             "/v1/batches",
-            orjson.dumps(
-                {
-                    "input_file_id": upload.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                }
-            ),
+            orjson.dumps(submission),
             content_type="application/json",
             HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
             **auth,
@@ -178,10 +227,17 @@ def main() -> None:
         body = b"".join(response.streaming_content) if response.streaming else response.content
         seconds = time.perf_counter() - began
         rows = [orjson.loads(line) for line in body.splitlines() if line]
-        if len(rows) != len(bodies):
-            raise SystemExit(f"only {len(rows)} of {len(bodies)} rows came back")
+        if len(rows) != data.count(b"\n") - (2 if metadata else 0):
+            raise SystemExit(f"only {len(rows)} rows came back")
         tokens = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in rows)
         return tokens / seconds
+
+    if args.sectioned:
+        if runtime is None:
+            raise SystemExit("--sectioned runs on the embedded default only")
+        _compare_sectioned(args, platform, revision)
+        runtime.stop()
+        return
 
     try:
         engine_alone()
@@ -205,6 +261,48 @@ def main() -> None:
         + " ".join(f"{x:.0f}" for x in through)
     )
     print(f"platform / engine: {p / a:.2f}x")
+
+
+def _compare_sectioned(args: argparse.Namespace, platform: Any, revision: Any) -> None:
+    from django.conf import settings
+
+    from inference.runtime import engine_drop, engine_for
+
+    sectioned, standard = _sectioned_files(args.requests, args.seed)
+    metadata = {"batchrouter_input_format": "sectioned.v1"}
+
+    def run(data: bytes, meta: dict[str, str] | None, cache: bool) -> float:
+        if cache != settings.ENGINE_PREFIX_CACHE:
+            settings.ENGINE_PREFIX_CACHE = cache
+            engine_drop(revision.id)  # the next wake-up builds the engine with the setting
+        engine_for(revision).clear_prefix_cache()  # the worker is idle between batches
+        return platform(data, meta)
+
+    ways = {
+        "sectioned file, prefix cache on": (sectioned, metadata, True),
+        "standard file, prefix cache on": (standard, None, True),
+        "standard file, prefix cache off": (standard, None, False),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for round_ in range(args.rounds + 1):
+        for name, way in ways.items():
+            rate = run(*way)
+            if round_:
+                rates[name].append(rate)
+    print(
+        f"model {args.model_size}, {args.requests} requests sharing a ~500-token system prompt, "
+        f"embedded default; median of {args.rounds}"
+    )
+    medians = {name: statistics.median(found) for name, found in rates.items()}
+    for name, found in rates.items():
+        print(
+            f"{name:<34} {medians[name]:>8.0f} tok/s   runs: " + " ".join(f"{x:.0f}" for x in found)
+        )
+    base = medians["standard file, prefix cache off"]
+    same = medians["standard file, prefix cache on"]
+    ours = medians["sectioned file, prefix cache on"]
+    print(f"sectioned / standard (both cached): {ours / same:.2f}x")
+    print(f"sectioned / standard without the prefix cache: {ours / base:.2f}x")
 
 
 def _named(data: bytes):

@@ -214,6 +214,9 @@ REDIS_URL = env_str("REDIS_URL")
 BROKER_NAMESPACE = env_str("BOARDWALK_BROKER_NAMESPACE", "boardwalk")
 WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
 ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
+# Reuse of computed prompt prefixes (within one organization and deployment); off only to
+# measure what it gives (benchmarks/platform_vs_engine.py --sectioned).
+ENGINE_PREFIX_CACHE = env_bool("BOARDWALK_ENGINE_PREFIX_CACHE", True)
 ENGINES_PER_PROCESS = env_int("BOARDWALK_ENGINES_PER_PROCESS", 1)
 ITEM_LEASE_SECONDS = env_int("BOARDWALK_ITEM_LEASE_SECONDS", 60)
 ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)

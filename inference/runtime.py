@@ -77,6 +77,7 @@ def engine_for(revision: ModelRevision) -> Any:
             tokenizer,
             context_length=revision.context_length,
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+            prefix_cache=settings.ENGINE_PREFIX_CACHE,
         )
     with _lock:
         _engines[revision.id] = engine

@@ -81,6 +81,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)  # generated so far
     blocks: list[int] = field(default_factory=list)  # the block table
     digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
+    prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
     preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
 
@@ -377,7 +378,12 @@ class Engine:
             device=self._device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
-        return _Sequence(owner=request, choice=choice, sampling=sampling)
+        seq = _Sequence(owner=request, choice=choice, sampling=sampling)
+        if self.prefix_cache and choice == 0:  # the other choices are forked from this one
+            seq.prompt_digests = _prompt_digests(
+                request.prompt, request.request.cache_scope, self.block_size
+            )
+        return seq
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -456,17 +462,10 @@ class Engine:
             if self._grow(seq, 1):
                 work.append((seq, 1))
         budget -= len(work)
-        for seq in sorted(running, key=_age):
-            if budget <= 0 or len(work) >= limit:
-                break
-            if seq.length - seq.computed <= 1:
-                continue
-            if self.prefix_cache:
-                self._reuse_cached(seq)
-            take = self._grow(seq, min(seq.length - seq.computed, budget))
-            if take:
-                work.append((seq, take))
-                budget -= take
+        deferred = self._schedule_prompts(running, work, budget, limit, wait=self.prefix_cache)
+        if not work and deferred:
+            # Waiting for a block that cannot be computed now (memory) would stall everyone.
+            self._schedule_prompts(running, work, budget, limit, wait=False)
         if not work:
             # Every sequence is waiting for memory: free the youngest and go on with the rest.
             victim = self._youngest_holder(running)
@@ -475,6 +474,43 @@ class Engine:
                 return self._schedule(running)
             raise RuntimeError("no sequence can be scheduled")  # cannot happen: see _invalid
         return work
+
+    def _schedule_prompts(
+        self,
+        running: list[_Sequence],
+        work: list[tuple[_Sequence, int]],
+        budget: int,
+        limit: int,
+        *,
+        wait: bool,
+    ) -> bool:
+        """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
+
+        With `wait`, a sequence whose next block is one an older sequence has still to compute
+        skips the step and reads that block from the cache once it is there: a prefix shared
+        by many rows admitted together is computed once, not once per row.
+        """
+        bs = self.block_size
+        coming: set[bytes] = set()
+        deferred = False
+        for seq in sorted(running, key=_age):
+            if budget <= 0 or len(work) >= limit:
+                break
+            if seq.length - seq.computed <= 1:
+                continue
+            if self.prefix_cache:
+                self._reuse_cached(seq)
+            if wait:
+                pending = seq.prompt_digests[seq.computed // bs :]
+                if pending and seq.computed % bs == 0 and pending[0] in coming:
+                    deferred = True
+                    continue
+                coming.update(pending)
+            take = self._grow(seq, min(seq.length - seq.computed, budget))
+            if take:
+                work.append((seq, take))
+                budget -= take
+        return deferred
 
     def _blocks_needed(self, seq: _Sequence, tokens: int) -> int:
         bs = self.block_size
@@ -513,8 +549,7 @@ class Engine:
         scope = seq.owner.request.cache_scope
         counts_as_cached = not seq.tokens and seq.choice == 0 and not seq.preempted
         while seq.computed + bs <= seq.length - 1:
-            parent = seq.digests[-1] if seq.digests else b""
-            digest = block_digest(parent, scope, seq.span(seq.computed, seq.computed + bs))
+            digest = self._digest(seq, seq.computed // bs, scope)
             block = self._pool.lookup(digest)
             if block is None:
                 return
@@ -530,11 +565,18 @@ class Engine:
         scope = seq.owner.request.cache_scope
         while len(seq.digests) < seq.computed // bs:
             i = len(seq.digests)
-            parent = seq.digests[-1] if seq.digests else b""
-            digest = block_digest(parent, scope, seq.span(i * bs, (i + 1) * bs))
+            digest = self._digest(seq, i, scope)
             seq.digests.append(digest)
             if self.prefix_cache:
                 self._pool.register(seq.blocks[i], digest)
+
+    def _digest(self, seq: _Sequence, index: int, scope: str) -> bytes:
+        """The digest of block `index` of the sequence; blocks before it are in seq.digests."""
+        if index < len(seq.prompt_digests):
+            return seq.prompt_digests[index]
+        bs = self.block_size
+        parent = seq.digests[-1] if seq.digests else b""
+        return block_digest(parent, scope, seq.span(index * bs, (index + 1) * bs))
 
     def _youngest_holder(self, running: list[_Sequence]) -> _Sequence | None:
         holders = [s for s in running if s.blocks]
@@ -557,6 +599,7 @@ class Engine:
                 self._pool.share(block)
             fork.blocks = list(seq.blocks)
             fork.digests = list(seq.digests)
+            fork.prompt_digests = seq.prompt_digests
             fork.computed = seq.computed
             forks.append(fork)
         return forks
@@ -748,6 +791,15 @@ class Engine:
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
+def _prompt_digests(prompt: list[int], scope: str, block_size: int) -> list[bytes]:
+    """Digests of the prompt's full blocks, each chained to the one before it."""
+    digests: list[bytes] = []
+    for lo in range(0, len(prompt) - block_size + 1, block_size):
+        parent = digests[-1] if digests else b""
+        digests.append(block_digest(parent, scope, prompt[lo : lo + block_size]))
+    return digests
 
 
 def _age(seq: _Sequence) -> tuple[int, int]:

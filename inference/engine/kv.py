@@ -162,12 +162,15 @@ class _PagedLayer(DynamicLayer):
         slots = cache.write.reshape(-1)
         keys.index_copy_(0, slots, key_states.transpose(1, 2).reshape(-1, heads, dim))
         values.index_copy_(0, slots, value_states.transpose(1, 2).reshape(-1, heads, dim))
-        # index_select is several times faster than advanced indexing here.
+        # index_select is several times faster than advanced indexing here. The gathered
+        # context is handed to attention as a strided view ([rows, heads, keys, dim] over a
+        # [rows, keys, heads, dim] buffer): attention reads it as it is, and a contiguous copy
+        # per layer per step cost as much again as the gather (1.6x the whole step on CPU).
         read = cache.read.reshape(-1)
         shape = (*cache.read.shape, heads, dim)  # [rows, keys, heads, dim]
         return (
-            keys.index_select(0, read).view(shape).transpose(1, 2).contiguous(),
-            values.index_select(0, read).view(shape).transpose(1, 2).contiguous(),
+            keys.index_select(0, read).view(shape).transpose(1, 2),
+            values.index_select(0, read).view(shape).transpose(1, 2),
         )
 
     def get_seq_length(self) -> int:
