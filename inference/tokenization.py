@@ -21,6 +21,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from inference.media_layout import LayoutUnavailable, MediaLayout, media_layout
 from inference.models import ModelRevision
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
@@ -64,6 +65,8 @@ class ChatTokenizer:
         # which would count different tokens than the worker renders).
         env.filters["tojson"] = _tojson
         self._template = env.from_string(template)
+        # Where media goes in this revision's prompts (None: text only); read by prompt_ids.
+        self.media_layout = _layout(directory)
 
     def apply_chat_template(
         self,
@@ -81,6 +84,13 @@ class ChatTokenizer:
             **self.special,
         )
         return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+
+def _layout(directory: Path) -> MediaLayout | None:
+    try:
+        return media_layout(directory)
+    except LayoutUnavailable:
+        return None  # no readable config beside the tokenizer: counted as text
 
 
 def _tojson(
@@ -101,8 +111,8 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _directory(revision: ModelRevision) -> Path:
-    source = revision.tokenizer or revision.weights
+def _directory(revision: ModelRevision, source: str | None = None) -> Path:
+    source = source or revision.tokenizer or revision.weights
     path = Path(source)
     if path.is_dir():
         return path
@@ -132,3 +142,27 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         while len(_cache) > 8:
             _cache.popitem(last=False)
     return tokenizer
+
+
+_layouts: dict[str, MediaLayout | None] = {}
+
+
+def media_layout_for(revision: ModelRevision) -> MediaLayout | None:
+    """Where media goes in `revision`'s prompts; None for a text-only architecture or one
+    whose files cannot be read. Revisions are immutable, so the answer is kept per process."""
+    if revision.id in _layouts:
+        return _layouts[revision.id]
+    try:
+        layout = media_layout(_directory(revision, revision.weights))
+    except (LayoutUnavailable, TokenizerUnavailable):
+        layout = None
+    with _lock:
+        _layouts[revision.id] = layout
+    return layout
+
+
+def runnable_media_for(revision: ModelRevision) -> frozenset[str]:
+    """The modalities beyond text that the engine can run for `revision`: those its
+    architecture has an encoder and a processor for (inference/media_layout.py)."""
+    layout = media_layout_for(revision)
+    return frozenset({layout.modality} if layout else ())
