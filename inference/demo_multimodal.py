@@ -70,23 +70,21 @@ def build_audio_model(out_dir: Path) -> Path:
 
 def vision_revision_fields(path: Path) -> dict[str, Any]:
     """Fields for `revision_create(**fields)` serving the tiny LLaVA at `path`."""
-    return {
-        "label": f"tiny-vision@demo-v{BUILD_VERSION}",
-        "weights": str(Path(path).resolve()),
-        "context_length": CONTEXT_LENGTH,
-        "dtype": "auto",
-        "modalities": ["text", "image"],
-    }
+    return _revision_fields("tiny-vision", path, "image")
 
 
 def audio_revision_fields(path: Path) -> dict[str, Any]:
     """Fields for `revision_create(**fields)` serving the tiny Qwen2-Audio at `path`."""
+    return _revision_fields("tiny-audio", path, "audio")
+
+
+def _revision_fields(name: str, path: Path, modality: str) -> dict[str, Any]:
     return {
-        "label": f"tiny-audio@demo-v{BUILD_VERSION}",
+        "label": f"{name}@demo-v{BUILD_VERSION}",
         "weights": str(Path(path).resolve()),
         "context_length": CONTEXT_LENGTH,
         "dtype": "auto",
-        "modalities": ["text", "audio"],
+        "modalities": ["text", modality],
     }
 
 

@@ -183,7 +183,7 @@ def request_line(
     *,
     model: str = "boardwalk/tiny-chat",
     max_tokens: int = 8,
-    content: str = "Hello there",
+    content: str | list[dict[str, Any]] = "Hello there",
     **body: Any,
 ) -> dict[str, Any]:
     return {

@@ -20,6 +20,8 @@ import numpy as np
 import soundfile
 from PIL import Image
 
+from tests.conftest import request_line
+
 
 def image_bytes(seed: int = 0, *, size: tuple[int, int] = (40, 32), fmt: str = "PNG") -> bytes:
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
@@ -54,25 +56,8 @@ def image_row(
     text: str = "What is this?",
     max_tokens: int = 6,
 ) -> dict[str, Any]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": text},
-                        {"type": "image_url", "image_url": {"url": url}},
-                    ],
-                }
-            ],
-            "max_completion_tokens": max_tokens,
-            "temperature": 0,
-        },
-    }
+    parts = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+    return request_line(custom_id, model=model, max_tokens=max_tokens, content=parts, temperature=0)
 
 
 def audio_row(
@@ -83,28 +68,9 @@ def audio_row(
     model: str = "boardwalk/tiny-audio",
     max_tokens: int = 6,
 ) -> dict[str, Any]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "Transcribe:"},
-                        {
-                            "type": "input_audio",
-                            "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt},
-                        },
-                    ],
-                }
-            ],
-            "max_completion_tokens": max_tokens,
-            "temperature": 0,
-        },
-    }
+    audio = {"data": base64.b64encode(data).decode(), "format": fmt}
+    parts = [{"type": "text", "text": "Transcribe:"}, {"type": "input_audio", "input_audio": audio}]
+    return request_line(custom_id, model=model, max_tokens=max_tokens, content=parts, temperature=0)
 
 
 @dataclass
