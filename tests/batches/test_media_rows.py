@@ -336,3 +336,13 @@ def test_media_rows_through_the_embedded_worker_threads(
     )
     payload = wait_terminal(api, data["id"])
     assert payload["request_counts"]["completed"] == 1
+
+
+def test_the_models_api_lists_the_media_each_model_takes_in_batch(
+    api: Api, vision_model: CatalogModel, audio_model: CatalogModel, catalog_model: CatalogModel
+):
+    listed = {m["id"]: m for m in api.get("/v1/models").json()["data"]}
+    assert listed["boardwalk/tiny-vision"]["modalities"] == ["text", "image"]
+    assert listed["boardwalk/tiny-vision"]["batch"]["media"] == ["image"]
+    assert listed["boardwalk/tiny-audio"]["batch"]["media"] == ["audio"]
+    assert listed["boardwalk/tiny-chat"]["batch"]["media"] == []
