@@ -124,7 +124,10 @@ class Prepare:
                 body if isinstance(body, Unpreparable) else self._prepare(item, body, [])
                 for item, body in zip(items, bodies, strict=True)
             ], claim.ended_batch_ids
-        parts = [[] if isinstance(b, Unpreparable) else media_parts(b["messages"]) for b in bodies]
+        parts = [
+            [] if isinstance(b, Unpreparable) else media_parts(b.get("messages") or [])
+            for b in bodies
+        ]
         resolved = self._media.resolve_many(parts)
         prepared: list[Work | Unpreparable] = []
         for item, body, media in zip(items, bodies, resolved, strict=True):
@@ -154,26 +157,24 @@ class Prepare:
         self, item: BatchItem, body: dict[str, Any], media: list[DecodedMedia]
     ) -> Work | Unpreparable:
         try:
-            request = GenerationRequest(
-                request_key(item),
-                [],
-                sampling_params(body),
-                cache_scope=cache_scope(item),
-            )
+            inputs: list[MediaInput] = []
             if self.layout is None:
-                request.prompt_ids = prompt_ids(self.tokenizer, body)
+                ids = prompt_ids(self.tokenizer, body)
             else:
-                rendered = media_prompt(
-                    self.tokenizer,
-                    body,
-                    layout=self.layout,
-                    counts=[m.placeholders for m in media],
-                )
-                request.prompt_ids = rendered.ids
-                request.media = [
+                counts = [m.placeholders for m in media]
+                rendered = media_prompt(self.tokenizer, body, layout=self.layout, counts=counts)
+                ids = rendered.ids
+                inputs = [
                     MediaInput(m.modality, m.value, m.digest, start, length)
                     for m, (start, length) in zip(media, rendered.spans, strict=True)
                 ]
+            request = GenerationRequest(
+                request_key(item),
+                ids,
+                sampling_params(body),
+                cache_scope=cache_scope(item),
+                media=inputs,
+            )
         except PlaceholderMismatch:
             # The template lost a part, or a placeholder is quoted where it cannot be escaped.
             logger.info("item %s: invalid_media (placeholders)", item.pk)
