@@ -40,7 +40,13 @@ def _raise(message: str) -> None:
 class ChatTokenizer:
     """The subset of a transformers tokenizer that prompt rendering needs."""
 
-    def __init__(self, directory: Path, *, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        chat_template: str | None = None,
+        media_layout: MediaLayout | None = None,
+    ) -> None:
         try:
             self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
             config: dict[str, Any] = {}
@@ -66,7 +72,7 @@ class ChatTokenizer:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(template)
         # Where media goes in this revision's prompts (None: text only); read by prompt_ids.
-        self.media_layout = _layout(directory)
+        self.media_layout = media_layout
 
     def apply_chat_template(
         self,
@@ -84,13 +90,6 @@ class ChatTokenizer:
             **self.special,
         )
         return list(self.backend.encode(text, add_special_tokens=False).ids)
-
-
-def _layout(directory: Path) -> MediaLayout | None:
-    try:
-        return media_layout(directory)
-    except LayoutUnavailable:
-        return None  # no readable config beside the tokenizer: counted as text
 
 
 def _tojson(
@@ -136,7 +135,11 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         if cached is not None:
             _cache.move_to_end(revision.id)
             return cached
-    tokenizer = ChatTokenizer(_directory(revision), chat_template=revision.chat_template or None)
+    tokenizer = ChatTokenizer(
+        _directory(revision),
+        chat_template=revision.chat_template or None,
+        media_layout=media_layout_for(revision),
+    )
     with _lock:
         _cache[revision.id] = tokenizer
         while len(_cache) > 8:

@@ -135,7 +135,7 @@ def test_web_and_worker_lay_out_the_same_prompt_and_escape_quoted_placeholders(
             }
         ]
     }
-    web = prompt_ids(ChatTokenizer(vision_model_dir), body)
+    web = prompt_ids(ChatTokenizer(vision_model_dir, media_layout=layout), body)
     _, tokenizer = load_model(str(vision_model_dir))
     worker = media_prompt(tokenizer, body, layout=layout, counts=[layout.image_tokens])
     assert web == worker.ids
