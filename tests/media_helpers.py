@@ -79,8 +79,10 @@ class LocalHttps:
     ca_file: Path
     requests: list[str] = field(default_factory=list)
 
+    scheme: str = "https"
+
     def url(self, path: str, host: str = "localhost") -> str:
-        return f"https://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -123,9 +125,13 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
 
 @contextmanager
 def https_server(
-    directory: Path, routes: dict[str, Callable[[], tuple[int, dict[str, str], bytes]]]
+    directory: Path,
+    routes: dict[str, Callable[[], tuple[int, dict[str, str], bytes]]],
+    *,
+    tls: bool = True,
 ) -> Iterator[LocalHttps]:
-    """Serve `routes` (path → (status, headers, body)) over HTTPS on 127.0.0.1."""
+    """Serve `routes` (path → (status, headers, body)) over HTTPS on 127.0.0.1 (plain HTTP
+    with `tls=False`)."""
     cert_file, key_file = _self_signed(directory)
     seen: list[str] = []
 
@@ -145,13 +151,14 @@ def https_server(
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert_file, key_file)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_file, key_file)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield LocalHttps(server.server_address[1], cert_file, seen)
+        yield LocalHttps(server.server_address[1], cert_file, seen, "https" if tls else "http")
     finally:
         server.shutdown()
         server.server_close()

@@ -346,3 +346,43 @@ def test_the_models_api_lists_the_media_each_model_takes_in_batch(
     assert listed["boardwalk/tiny-vision"]["batch"]["media"] == ["image"]
     assert listed["boardwalk/tiny-audio"]["batch"]["media"] == ["audio"]
     assert listed["boardwalk/tiny-chat"]["batch"]["media"] == []
+
+
+def test_http_image_urls_are_accepted_only_for_targets_the_allow_list_names(
+    api: Api, vision_model: CatalogModel, settings: Any, tmp_path: Path
+):
+    picture = image_bytes(14)
+    routes = {"/cat.png": lambda: (200, {"Content-Type": "image/png"}, picture)}
+    with https_server(tmp_path, routes, tls=False) as server:
+        row = image_row("plain-http", server.url("/cat.png"))
+        refused = api.upload(jsonl(row))
+        assert refused.status_code == 400
+        assert refused.json()["error"]["details"][0]["code"] == "invalid_image_url"
+        settings.OUTBOUND_ALLOW = [f"localhost:{server.port}"]  # SPEC §10b: http too
+        _, output, errors = _run(api, [row])
+    assert errors == {} and sorted(output) == ["plain-http"]
+    assert server.requests == ["/cat.png"]
+
+
+def test_inline_media_over_the_byte_cap_is_an_upload_error(
+    api: Api, vision_model: CatalogModel, audio_model: CatalogModel, settings: Any
+):
+    settings.MEDIA_MAX_BYTES = 1000
+    rows = [
+        image_row("big-image", data_url(image_bytes(15, size=(64, 64)))),
+        image_row("small-image", data_url(image_bytes(15, size=(4, 4)))),
+    ]
+    response = api.upload(jsonl(*rows))
+    assert response.status_code == 400
+    (detail,) = response.json()["error"]["details"]
+    assert (detail["line"], detail["field"], detail["code"]) == (
+        1,
+        "body.messages[0].content[1].image_url.url",
+        "media_too_large",
+    )
+    clip = audio_row("big-clip", audio_bytes(1.0), "wav")
+    (detail,) = api.upload(jsonl(clip)).json()["error"]["details"]
+    assert (detail["field"], detail["code"]) == (
+        "body.messages[0].content[1].input_audio.data",
+        "media_too_large",
+    )
