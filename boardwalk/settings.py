@@ -242,6 +242,16 @@ MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
 # Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these
 # comma-separated host:port targets are let through as named, over http too (SPEC §10b).
 OUTBOUND_ALLOW = env_list("BOARDWALK_OUTBOUND_ALLOW", [])
+# A PEM file of the certificate authorities outbound https trusts instead of the bundled
+# public roots (a private network's CA, tests); empty: the public roots.
+OUTBOUND_CA_BUNDLE = env_str("BOARDWALK_OUTBOUND_CA_BUNDLE")
+
+# Media rows (SPEC §4.1, §9): what one image or audio part may weigh, an image's pixel count,
+# and how image URLs are fetched by the worker (time per fetch, fetches at once per worker).
+MEDIA_MAX_BYTES = env_int("BOARDWALK_MEDIA_MAX_BYTES", 10 * 1024 * 1024)
+MEDIA_MAX_PIXELS = env_int("BOARDWALK_MEDIA_MAX_PIXELS", 25_000_000)
+MEDIA_FETCH_TIMEOUT_SECONDS = env_float("BOARDWALK_MEDIA_FETCH_TIMEOUT_SECONDS", 10.0)
+MEDIA_FETCH_THREADS = env_int("BOARDWALK_MEDIA_FETCH_THREADS", 8)
 
 # The web server (`manage.py serve`, boardwalk/server.py): every read from a client is bounded.
 HTTP_THREADS = env_int("BOARDWALK_HTTP_THREADS", 32)

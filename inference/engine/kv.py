@@ -117,13 +117,16 @@ class BlockPool:
             self.free.append(block)
 
 
-def block_digest(parent: bytes, scope: str, tokens: list[int]) -> bytes:
-    """Identity of a full block: its tokens, everything before them (via the parent's digest)
-    and the cache scope."""
+def block_digest(parent: bytes, scope: str, tokens: list[int], media: bytes = b"") -> bytes:
+    """Identity of a full block: its tokens, everything before them (via the parent's digest),
+    the cache scope and the digests of the media whose placeholders it holds."""
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(scope.encode())
     h.update(b"\0")
     h.update(array("q", tokens).tobytes())
+    if media:
+        h.update(b"\1")
+        h.update(media)
     return h.digest()
 
 
