@@ -15,7 +15,9 @@ JSONL file, create the batch, let the worker run it (in-process on the embedded 
 separate `manage.py run_worker` process on PostgreSQL + Redis), wait for finalization and
 download the output. tok/s counts the completion tokens each path reports; the engine alone is
 timed around `generate` only, the platform from the upload's first byte to the download's
-last. Median of --rounds runs each, after one warm-up run of each. Prints the ratio.
+last. Median of --rounds runs each, after one warm-up run of each. Prints the ratios, and
+against (c) length-sorted static batches of --batch-size through `model.generate` on the same
+requests (each batch runs to its longest max_tokens; a row's tokens count up to its own end).
 
 `--sectioned` (embedded default only) instead runs requests that all share a ~500-token system
 prompt through the platform three ways, alternating: as a BatchRouter sectioned file (the
@@ -174,6 +176,11 @@ def main() -> None:
         tokens = sum(r.completion_tokens for r in engine.generate(requests))
         return tokens / (time.perf_counter() - began)
 
+    def static_batches() -> float:
+        began = time.perf_counter()
+        tokens = _static_batches(model, tokenizer, requests, args.batch_size)
+        return tokens / (time.perf_counter() - began)
+
     worker: subprocess.Popen | None = None
     runtime = None
     if production:
@@ -242,10 +249,12 @@ def main() -> None:
     try:
         engine_alone()
         platform()  # warm-up: the worker loads the model
-        alone, through = [], []
+        static_batches()
+        alone, through, static = [], [], []
         for _ in range(args.rounds):
             alone.append(engine_alone())
             through.append(platform())
+            static.append(static_batches())
     finally:
         if runtime is not None:
             runtime.stop()
@@ -260,7 +269,44 @@ def main() -> None:
         f"{'platform end to end':<24} {p:>9.0f} tok/s   runs: "
         + " ".join(f"{x:.0f}" for x in through)
     )
+    print(
+        f"{'static batches of ' + str(args.batch_size):<24} {statistics.median(static):>9.0f} "
+        "tok/s   runs: " + " ".join(f"{x:.0f}" for x in static)
+    )
     print(f"platform / engine: {p / a:.2f}x")
+    print(f"platform / static batches: {p / statistics.median(static):.2f}x")
+
+
+def _static_batches(model: Any, tokenizer: Any, requests: list[Any], width: int) -> int:
+    """Length-sorted, left-padded static batches of `width` through `model.generate` (greedy,
+    each batch runs to its longest max_tokens; a row's tokens count up to its own end)."""
+    import torch
+
+    eos = int(tokenizer.eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    order = sorted(requests, key=lambda r: len(r.prompt_ids))
+    tokens = 0
+    with torch.inference_mode():
+        for lo in range(0, len(order), width):
+            batch = order[lo : lo + width]
+            longest = max(len(r.prompt_ids) for r in batch)
+            ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, r in enumerate(batch):
+                ids[row, longest - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+                mask[row, longest - len(r.prompt_ids) :] = 1
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max(r.params.max_new_tokens for r in batch),
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+            for row, r in enumerate(batch):
+                made = out[row, longest:].tolist()[: r.params.max_new_tokens]
+                tokens += made.index(eos) + 1 if eos in made else len(made)
+    return tokens
 
 
 def _compare_sectioned(args: argparse.Namespace, platform: Any, revision: Any) -> None:
