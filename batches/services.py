@@ -19,6 +19,7 @@ from billing.selectors import credit_for_org
 from billing.services import credit_hold
 from boardwalk import clock
 from boardwalk.broker import send_after_commit
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import (
     CapacityExceeded,
     Conflict,
@@ -84,7 +85,9 @@ def _input_file(*, org: Organization, file_id: str) -> File:
         problem = "is already the input of another batch; upload it again for a new batch"
     if problem:
         raise InvalidRequest(
-            f"Input file {file.id} {problem}.", code="invalid_input_file_id", param="input_file_id"
+            f"Input file {file.id} {problem}.",
+            code=ErrorCode.INVALID_INPUT_FILE_ID,
+            param="input_file_id",
         )
     return file
 
@@ -119,7 +122,7 @@ def _recheck_input(file: File) -> None:
     if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
         raise InvalidRequest(
             f"Input file {file.id} was deleted.",
-            code="invalid_input_file_id",
+            code=ErrorCode.INVALID_INPUT_FILE_ID,
             param="input_file_id",
         )
 
@@ -131,7 +134,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
     except ModelNotUsable as exc:
         raise InvalidRequest(
             f"The input file's model cannot be used: {exc.message}",
-            code=exc.code,
+            code=ErrorCode(exc.code),
             param="input_file_id",
         ) from exc
     try:
@@ -141,7 +144,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         raise ServiceUnavailable(
             f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
             "retry later or contact support.",
-            code="model_unavailable",
+            code=ErrorCode.MODEL_UNAVAILABLE,
         ) from exc
     try:
         items = _count_items(file, tokenizer)
@@ -189,20 +192,20 @@ def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
         raise CapacityExceeded(
             f"Your organization already has {unfinished} unfinished batches (the limit is "
             f"{MAX_UNFINISHED_PER_ORG}); wait for one to finish or cancel one.",
-            code="too_many_unfinished_batches",
+            code=ErrorCode.TOO_MANY_UNFINISHED_BATCHES,
         )
     if plan.target.kind == "deployment" and len(plan.items) > MAX_PRIVATE_ITEMS:
         raise CapacityExceeded(
             f"Batches on a private deployment take at most {MAX_PRIVATE_ITEMS} items; this file "
             f"has {len(plan.items)}. Split it into smaller files.",
-            code="private_batch_too_large",
+            code=ErrorCode.PRIVATE_BATCH_TOO_LARGE,
             retryable=False,  # the same file never fits: the SDK must not resend it
         )
     queued = BatchItem.objects.filter(state=BatchItem.State.PENDING).count()
     if queued + len(plan.items) > settings.MAX_QUEUED_ITEMS:
         raise CapacityExceeded(
             "The batch queue is full right now; retry later.",
-            code="queue_backlog_full",
+            code=ErrorCode.QUEUE_BACKLOG_FULL,
             # At most 120 s, or the OpenAI SDK gives up instead of waiting.
             retry_after=60,
         )
@@ -215,7 +218,7 @@ def _check_credit(*, org: Organization, plan: BatchPlan) -> None:
             f"This batch may cost up to {plan.hold_microusd} µUSD but your organization has "
             f"{available} µUSD of available credit. Ask an administrator for more credit or "
             "submit fewer or shorter requests.",
-            code="insufficient_credit",
+            code=ErrorCode.INSUFFICIENT_CREDIT,
         )
 
 
@@ -326,7 +329,7 @@ def _create_claimed(
         except IntegrityError as exc:
             raise InvalidRequest(
                 f"Input file {plan.file.id} is already the input of another batch.",
-                code="invalid_input_file_id",
+                code=ErrorCode.INVALID_INPUT_FILE_ID,
                 param="input_file_id",
             ) from exc
         idempotency.key_complete(claim=claim, batch=batch)
@@ -367,6 +370,6 @@ def batch_cancel(*, batch: Batch) -> Batch:
     if batch.is_terminal:
         raise Conflict(
             f"Batch {batch.id} is already {batch.status}; it cannot be cancelled.",
-            code="batch_not_cancellable",
+            code=ErrorCode.BATCH_NOT_CANCELLABLE,
         )
     return batch  # cancelling or finalizing already: unchanged

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
 from files.multipart import MultipartError, multipart_boundary
 from files.ranges import not_modified, requested_range
@@ -72,7 +73,7 @@ class FileCollectionView(APIView):
         try:
             boundary = multipart_boundary(content_type)
         except MultipartError as exc:
-            raise InvalidRequest(str(exc), code="invalid_multipart") from None
+            raise InvalidRequest(str(exc), code=ErrorCode.INVALID_MULTIPART) from None
         if boundary is None:
             raise UnsupportedMediaType(
                 content_type,
@@ -98,19 +99,21 @@ class FileCollectionView(APIView):
                 f"Unsupported upload field(s): {', '.join(unknown)}. Send only 'purpose=batch' "
                 "and 'file', once each; input files expire 24 hours after upload unless a batch "
                 "uses them.",
-                code="unsupported_field",
+                code=ErrorCode.UNSUPPORTED_FIELD,
                 param=unknown[0],
             )
         if upload is None:
             raise InvalidRequest(
                 "Attach the JSONL file as the multipart field 'file'.",
-                code="missing_file",
+                code=ErrorCode.MISSING_FILE,
                 param="file",
             )
         purpose = form.text.get("purpose")
         if not purpose:
             raise InvalidRequest(
-                "Send the multipart field 'purpose=batch'.", code="missing_purpose", param="purpose"
+                "Send the multipart field 'purpose=batch'.",
+                code=ErrorCode.MISSING_PURPOSE,
+                param="purpose",
             )
         return file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
 

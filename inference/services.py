@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import transaction
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import Conflict
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
@@ -33,7 +34,7 @@ def catalog_model_create(
 ) -> CatalogModel:
     """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch."""
     if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
     price_input, price_cached, price_output = prices or (0, 0, 0)
     return CatalogModel.objects.create(
         name=name,
@@ -56,7 +57,7 @@ def deployment_create(
     *, org: Organization, name: str, revision: ModelRevision, gpu_second_price: int
 ) -> Deployment:
     if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
     return Deployment.objects.create(
         org=org, name=name, revision=revision, gpu_second_price=gpu_second_price
     )

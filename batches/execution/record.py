@@ -17,6 +17,7 @@ import orjson
 from batches.items import ItemOutcome, batches_without_open_items, item_release, items_record
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.sealing import seal
@@ -97,7 +98,7 @@ class Record:
     def _outcome(self, f: Finished) -> ItemOutcome:
         result = f.result
         if result is None:
-            return ItemOutcome(f.item, succeeded=False, error_code="internal_error")
+            return ItemOutcome(f.item, succeeded=False, error_code=ItemCode.INTERNAL_ERROR)
         if result.error:
             return ItemOutcome(
                 f.item,
