@@ -92,6 +92,22 @@ def _input_file(*, org: Organization, file_id: str) -> File:
     return file
 
 
+def _counted_items(file: File, revision_id: str) -> list[ItemPlan] | None:
+    """The items as counted at upload, when that was for `revision_id`: no content is read.
+
+    None when the upload counted for another revision (the catalog model moved on since), or
+    did not count at all; the caller then counts the lines itself.
+    """
+    index = file.line_index or []
+    counts = file.prompt_tokens
+    if file.prompt_tokens_revision != revision_id or counts is None or len(counts) != len(index):
+        return None
+    return [
+        ItemPlan(i, row[2], line_index_span(row), row[3], row[4], counts[i])
+        for i, row in enumerate(index)
+    ]
+
+
 def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
     index = file.line_index or []
     items = []
@@ -114,7 +130,7 @@ def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
 def _recheck_input(file: File) -> None:
     """Inside the acceptance transaction: the file, locked, is still there.
 
-    `_plan` read it outside the transaction (decrypting and counting takes time); a delete
+    `_plan` read it outside the transaction (counting may decrypt the file); a delete
     that landed since then must win: one of the two requests fails, never both succeed.
     The delete locks the same row, so it waits for us or we see its result.
     """
@@ -138,6 +154,8 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             param="input_file_id",
         ) from exc
     try:
+        # Loaded even when the upload's counts serve (cached per process, so nearly free): a
+        # revision whose tokenizer cannot load cannot run either, and answers 503 here.
         tokenizer = chat_tokenizer_for(target.revision)
     except TokenizerUnavailable as exc:
         logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
@@ -146,14 +164,23 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             "retry later or contact support.",
             code=ErrorCode.MODEL_UNAVAILABLE,
         ) from exc
-    try:
-        items = _count_items(file, tokenizer)
-    except Exception:
-        # A DELETE that landed while we read destroys the key and the blob under us; the
-        # row lock waits for that delete to commit, so the check sees its outcome.
-        with transaction.atomic():
-            _recheck_input(file)
-        raise
+    items = _counted_items(file, target.revision.id)
+    if items is None:
+        # Ids only: which revision the upload counted for, if any (the file's content never).
+        logger.info(
+            "counting prompt tokens of %s for %s (upload counted for %r)",
+            file.id,
+            target.revision.id,
+            file.prompt_tokens_revision,
+        )
+        try:
+            items = _count_items(file, tokenizer)
+        except Exception:
+            # A DELETE that landed while we read destroys the key and the blob under us; the
+            # row lock waits for that delete to commit, so the check sees its outcome.
+            with transaction.atomic():
+                _recheck_input(file)
+            raise
     if target.catalog is not None:
         prices = TokenPrices(
             target.catalog.price_input,

@@ -20,6 +20,7 @@ from files.services import file_create_from_upload, file_delete, file_read_range
 from files.upload import ReceivedForm, upload_receive
 from files.validation import ModelLookupError, ModelTarget
 from inference.selectors import ModelNotUsable, model_resolve
+from inference.tokenization import prompt_token_counter
 
 
 def _resolver(org: Any) -> Any:
@@ -33,6 +34,10 @@ def _resolver(org: Any) -> Any:
             context_length=target.revision.context_length,
             media=target.batch_media,
             tool_call_format=target.revision.tool_call_format,
+            # Counted for the serving revision of this moment (SPEC §3: acceptance pins the
+            # revision current then; it counts again if that has changed).
+            revision_id=target.revision.id,
+            count_prompt_tokens=prompt_token_counter(target.revision),
         )
 
     return resolve
