@@ -17,7 +17,13 @@ within 1.25x of the slower of the orjson loop and write+fsync. `--without-fsync`
 diagnostic run of the boardwalk path with fsync/fdatasync turned into no-ops: what the
 durability costs here (the product always syncs).
 
+`--count-tokens` adds the prompt token counting the API's resolver does (issue 6), with the
+tiny demo model's tokenizer, both ways it could be done: per line while validating (what the
+product does) and in a second pass over the stored file after the upload (decrypt, parse,
+count), so the two can be compared.
+
     .venv/bin/python benchmarks/upload.py [--mib 256] [--lines 1000] [--without-fsync]
+                                          [--count-tokens]
 """
 
 from __future__ import annotations
@@ -125,7 +131,8 @@ def run_write_fsync(path: Path, data_dir: Path) -> dict:
     return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base}
 
 
-def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
+def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True, count: str = "") -> dict:
+    """`count`: "" no token counting, "inline" per line as validated, "after" a second pass."""
     os.environ["BOARDWALK_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
     sys.path.insert(0, str(ROOT))
@@ -150,9 +157,25 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
 
     call_command("migrate", verbosity=0)
     org = org_create(name=f"bench-{time.time_ns()}")
+    counter = None
+    if count:
+        from inference.demo_model import build_demo_model, demo_revision_fields
+        from inference.services import revision_create
+        from inference.tokenization import chat_tokenizer_for, prompt_token_counter
+
+        model_dir = build_demo_model(data_dir / "model", size="tiny")
+        revision = revision_create(**demo_revision_fields(model_dir, "tiny"))
+        chat_tokenizer_for(revision)  # loaded outside the timed part, as a warm web process has it
+        counter = prompt_token_counter(revision)
 
     def resolve(name: str) -> ModelTarget:
-        return ModelTarget(name=name, context_length=2048, media=frozenset())
+        return ModelTarget(
+            name=name,
+            context_length=2048,
+            media=frozenset(),
+            revision_id="bench" if count == "inline" else "",
+            count_prompt_tokens=counter if count == "inline" else None,
+        )
 
     body_path = data_dir / "multipart.bin"
     head = (
@@ -181,8 +204,17 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
         file = file_create_from_upload(org=org, purpose=form.text["purpose"], upload=form.upload)
     finally:
         form.discard()
+    if count == "after":
+        from files.services import file_iter_bodies, line_index_span
+
+        spans = [line_index_span(row) for row in file.line_index or []]
+        assert counter is not None
+        counts = [counter(body) for body in file_iter_bodies(file=file, spans=spans)]
+        assert len(counts) == file.line_count
     elapsed = time.perf_counter() - start
     assert file.line_count > 0, "validation failed"
+    if count == "inline":
+        assert file.prompt_tokens_revision == "bench", "prompt tokens not counted"
     return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base, "lines": file.line_count}
 
 
@@ -194,8 +226,17 @@ def main() -> None:
     parser.add_argument("--without-fsync", action="store_true")
     parser.add_argument(
         "--variant",
-        choices=["baseline", "orjson", "write-fsync", "boardwalk", "boardwalk-nofsync"],
+        choices=[
+            "baseline",
+            "orjson",
+            "write-fsync",
+            "boardwalk",
+            "boardwalk-nofsync",
+            "count-inline",
+            "count-after",
+        ],
     )
+    parser.add_argument("--count-tokens", action="store_true")
     parser.add_argument("--file")
     parser.add_argument("--data-dir")
     args = parser.parse_args()
@@ -207,6 +248,8 @@ def main() -> None:
             result = run_orjson(path)
         elif args.variant == "write-fsync":
             result = run_write_fsync(path, Path(args.data_dir))
+        elif args.variant.startswith("count-"):
+            result = run_boardwalk(path, Path(args.data_dir), count=args.variant[6:])
         else:
             fsync = args.variant == "boardwalk"
             result = run_boardwalk(path, Path(args.data_dir), fsync=fsync)
@@ -219,6 +262,8 @@ def main() -> None:
         variants = ["baseline", "orjson", "write-fsync", "boardwalk"]
         if args.without_fsync:
             variants.append("boardwalk-nofsync")
+        if args.count_tokens:
+            variants += ["count-inline", "count-after"]
         runs: dict[str, list[dict]] = {variant: [] for variant in variants}
         # Interleaved, so that other load on the machine falls on every variant alike.
         for attempt in range(args.repeat):
@@ -259,6 +304,8 @@ def main() -> None:
             "write-fsync": "write + fsync of the same bytes",
             "boardwalk": "validate+encrypt+store (boardwalk)",
             "boardwalk-nofsync": "  same, fsync off (diagnostic)",
+            "count-inline": "  + count tokens per line",
+            "count-after": "  + count tokens after storing",
         }
         for name, r in results.items():
             label = labels[name]
