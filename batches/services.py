@@ -29,12 +29,13 @@ from boardwalk.errors import (
 )
 from boardwalk.faultpoints import fault_point
 from boardwalk.models import Organization
+from files.counting import file_prompt_tokens
 from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
 from files.models import File
 from files.selectors import file_get_for_org
-from files.services import ItemSpan, file_iter_bodies, line_index_span
-from inference.chat_completions import max_output_tokens, prompt_ids
+from files.services import ItemSpan, line_index_span
+from inference.chat_completions import max_output_tokens
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
 from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
 
@@ -93,10 +94,10 @@ def _input_file(*, org: Organization, file_id: str) -> File:
 
 
 def _counted_items(file: File, revision_id: str) -> list[ItemPlan] | None:
-    """The items as counted at upload, when that was for `revision_id`: no content is read.
+    """The items as counted after the upload, when that was for `revision_id`: no content is read.
 
-    None when the upload counted for another revision (the catalog model moved on since), or
-    did not count at all; the caller then counts the lines itself.
+    None when the count was for another revision (the catalog model moved on since), has not
+    finished yet or failed; the caller then counts the lines itself.
     """
     index = file.line_index or []
     counts = file.prompt_tokens
@@ -110,21 +111,11 @@ def _counted_items(file: File, revision_id: str) -> list[ItemPlan] | None:
 
 def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
     index = file.line_index or []
-    items = []
-    spans = [line_index_span(row) for row in index]
-    bodies = file_iter_bodies(file=file, spans=spans)
-    for i, (row, span, body) in enumerate(zip(index, spans, bodies, strict=True)):
-        items.append(
-            ItemPlan(
-                i,
-                row[2],
-                span,
-                max_output_tokens(body),
-                row[4],
-                len(prompt_ids(tokenizer, body)),
-            )
-        )
-    return items
+    counted = file_prompt_tokens(file=file, tokenizer=tokenizer)
+    return [
+        ItemPlan(i, row[2], line_index_span(row), max_output_tokens(body), row[4], tokens)
+        for i, (row, (body, tokens)) in enumerate(zip(index, counted, strict=True))
+    ]
 
 
 def _recheck_input(file: File) -> None:
@@ -154,7 +145,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
             param="input_file_id",
         ) from exc
     try:
-        # Loaded even when the upload's counts serve (cached per process, so nearly free): a
+        # Loaded even when the stored counts serve (cached per process, so nearly free): a
         # revision whose tokenizer cannot load cannot run either, and answers 503 here.
         tokenizer = chat_tokenizer_for(target.revision)
     except TokenizerUnavailable as exc:
@@ -166,9 +157,9 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         ) from exc
     items = _counted_items(file, target.revision.id)
     if items is None:
-        # Ids only: which revision the upload counted for, if any (the file's content never).
+        # Ids only: which revision the stored counts are for, if any (the content never).
         logger.info(
-            "counting prompt tokens of %s for %s (upload counted for %r)",
+            "counting prompt tokens of %s for %s (stored counts are for %r)",
             file.id,
             target.revision.id,
             file.prompt_tokens_revision,

@@ -110,10 +110,6 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
             + ([li.section_offset, li.section_length] if li.section_offset is not None else [])
             for li in report.lines
         ],
-        prompt_tokens=(
-            [li.prompt_tokens for li in report.lines] if report.prompt_tokens_revision else None
-        ),
-        prompt_tokens_revision=report.prompt_tokens_revision or "",
         created_at=now,
         expires_at=now + UNUSED_INPUT_TTL,
     )

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
+from boardwalk.broker import send_after_commit
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
 from files.multipart import MultipartError, multipart_boundary
@@ -17,10 +18,10 @@ from files.ranges import not_modified, requested_range
 from files.selectors import file_get_for_org, file_readable_for_org
 from files.serializers import file_payload
 from files.services import file_create_from_upload, file_delete, file_read_range
+from files.tasks import file_count_tokens
 from files.upload import ReceivedForm, upload_receive
 from files.validation import ModelLookupError, ModelTarget
 from inference.selectors import ModelNotUsable, model_resolve
-from inference.tokenization import prompt_token_counter
 
 
 def _resolver(org: Any) -> Any:
@@ -34,10 +35,6 @@ def _resolver(org: Any) -> Any:
             context_length=target.revision.context_length,
             media=target.batch_media,
             tool_call_format=target.revision.tool_call_format,
-            # Counted for the serving revision of this moment (SPEC §3: acceptance pins the
-            # revision current then; it counts again if that has changed).
-            revision_id=target.revision.id,
-            count_prompt_tokens=prompt_token_counter(target.revision),
         )
 
     return resolve
@@ -120,7 +117,11 @@ class FileCollectionView(APIView):
                 code=ErrorCode.MISSING_PURPOSE,
                 param="purpose",
             )
-        return file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
+        file = file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
+        # Prompt tokens are counted by a worker, off the upload's answer (files.counting);
+        # sent from here because files.tasks reads files through files.services.
+        send_after_commit(file_count_tokens, file.id)
+        return file
 
 
 def _content_length(meta: dict[str, Any]) -> int | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from inference.chat_completions import prompt_ids
 from inference.models import ModelRevision
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
@@ -134,20 +132,3 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         while len(_cache) > 8:
             _cache.popitem(last=False)
     return tokenizer
-
-
-def prompt_token_counter(revision: ModelRevision) -> Callable[[dict[str, Any]], int]:
-    """Counts an effective request body's prompt tokens as the worker will (upload time).
-
-    The tokenizer loads on the first call, so resolving a model costs nothing for a file that
-    never gets a valid line; a call raises TokenizerUnavailable when it cannot load.
-    """
-    tokenizer: ChatTokenizer | None = None
-
-    def count(body: dict[str, Any]) -> int:
-        nonlocal tokenizer
-        if tokenizer is None:
-            tokenizer = chat_tokenizer_for(revision)
-        return len(prompt_ids(tokenizer, body))
-
-    return count

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-# Prompt tokens of one effective request body under a revision's tokenizer and chat template.
-PromptCounter = Callable[[dict[str, Any]], int]
 
 
 @dataclass(frozen=True)
@@ -18,11 +14,6 @@ class ModelTarget:
     context_length: int  # max tokens of the revision
     media: frozenset[str]  # modalities accepted in batch besides text: subset of {"image", "audio"}
     tool_call_format: str = ""  # the revision's tool-call syntax; "" = it takes no `tools`
-    # The serving revision at upload and a counter for its prompt tokens: each valid line is
-    # counted as it is validated, so acceptance need not decrypt the file again. None: the
-    # lines are not counted (acceptance counts them).
-    revision_id: str = ""
-    count_prompt_tokens: PromptCounter | None = None
 
 
 class ModelLookupError(Exception):
@@ -63,7 +54,6 @@ class LineInfo:
     # Sectioned files: where the request's section line lies (its shared body and prefix).
     section_offset: int | None = None
     section_length: int = 0
-    prompt_tokens: int | None = None  # under the report's `prompt_tokens_revision`
 
 
 @dataclass
@@ -74,8 +64,6 @@ class ValidationReport:
     model: str | None  # the common body.model
     total_bytes: int
     format: str | None = None  # None: standard; "sectioned.v1": BatchRouter sectioned JSONL
-    # The revision whose tokenizer counted every line's `prompt_tokens`; None: not counted.
-    prompt_tokens_revision: str | None = None
 
     @property
     def ok(self) -> bool:

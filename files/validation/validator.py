@@ -3,7 +3,6 @@ sectioned (SPEC §4.2, detected from a header on the first line)."""
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +22,6 @@ from .report import (
     ValidationReport,
 )
 from .shape import MAX_LINE_VALUES, duplicate_key_field, has_duplicate_keys, too_many_values
-
-logger = logging.getLogger(__name__)
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -76,8 +73,6 @@ class InputValidator:
         self._current_section: _Section | None = None
         self._section_bytes = 0
         self._requests = 0
-        # Prompt token counting (ModelTarget.count_prompt_tokens): off after the first failure.
-        self._counting = True
 
     @property
     def buffered_bytes(self) -> int:
@@ -119,12 +114,6 @@ class InputValidator:
                 f"Line {self._max_lines + 1}: the file has {count} lines; at most "
                 f"{self._max_lines} are allowed, so split it into several files",
             )
-        counted = (
-            self._counting
-            and self._error_count == 0
-            and self._target is not None
-            and self._target.count_prompt_tokens is not None
-        )
         return ValidationReport(
             errors=self._errors,
             error_count=self._error_count,
@@ -132,7 +121,6 @@ class InputValidator:
             model=self._model,
             total_bytes=self._splitter.total_bytes,
             format=self._format,
-            prompt_tokens_revision=self._target.revision_id if counted and self._target else None,
         )
 
     def _error(self, line: int, field: str, code: str, message: str) -> None:
@@ -227,7 +215,7 @@ class InputValidator:
             counts = rules.check_body(body, target, problems)
 
         self._report(number, problems)
-        if not problems.total and custom_id is not None and counts is not None and body is not None:
+        if not problems.total and custom_id is not None and counts is not None:
             max_tokens, n = counts
             self._lines.append(
                 LineInfo(
@@ -238,27 +226,8 @@ class InputValidator:
                     n=n,
                     section_offset=section.offset if section is not None else None,
                     section_length=section.length if section is not None else 0,
-                    prompt_tokens=self._prompt_tokens(body),
                 )
             )
-
-    def _prompt_tokens(self, body: dict[str, Any]) -> int | None:
-        """The line's prompt tokens, counted now while its body is parsed (the file is read once).
-
-        A file with errors is refused, so its lines are not worth counting. A counter that fails
-        (tokenizer files unreadable, a template that raises) stops the counting for the file:
-        acceptance then counts as it did before, and answers what that finds.
-        """
-        counter = self._target.count_prompt_tokens if self._target is not None else None
-        if counter is None or not self._counting or self._error_count:
-            return None
-        try:
-            return counter(body)
-        except Exception as exc:
-            # The type only: a template's message can quote the prompt.
-            logger.warning("prompt tokens not counted at upload: %s", type(exc).__name__)
-            self._counting = False
-            return None
 
     def _problems(self) -> rules.Problems:
         # Keep only what the report can still show; the rest are counted, never built.

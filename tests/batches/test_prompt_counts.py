@@ -1,5 +1,6 @@
-"""Prompt tokens are counted at upload (issue 6, item 3): acceptance and estimate read the counts
-from the File row, and count again only when the pinned revision is not the one counted for."""
+"""Prompt tokens are counted by a worker after the upload (issue 6, item 3): acceptance and
+estimate read the counts from the File row, and count again only when the pinned revision is
+not the one counted for, or when there are no counts (not counted yet, or the count failed)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from batches.models import Batch, BatchItem
 from batches.services import _count_items
 from billing.models import LedgerEntry
 from files import storage
+from files.counting import file_count_prompt_tokens
 from files.models import File
 from inference.models import CatalogModel
 from inference.services import catalog_model_set_revision, revision_create
@@ -42,10 +44,14 @@ def store_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-def _upload(api: Api, content: bytes) -> File:
+def _upload(api: Api, content: bytes, *, count: bool = True) -> File:
+    """Upload, then run what the upload's file_count_tokens message runs on a worker."""
     response = api.upload(content)
     assert response.status_code == 200, response.content
-    return File.objects.get(id=response.json()["id"])
+    file_id = response.json()["id"]
+    if count:
+        assert file_count_prompt_tokens(file_id=file_id) is True
+    return File.objects.get(id=file_id)
 
 
 def _counted_now(file: File, catalog_model: CatalogModel) -> list[int]:
@@ -63,7 +69,7 @@ def _rows() -> bytes:
     )
 
 
-def test_upload_counts_equal_the_counts_acceptance_would_make(api: Api, catalog_model) -> None:
+def test_stored_counts_equal_the_counts_acceptance_would_make(api: Api, catalog_model) -> None:
     file = _upload(api, _rows())
     assert file.prompt_tokens_revision == catalog_model.revision_id
     assert file.prompt_tokens == _counted_now(file, catalog_model)
@@ -75,7 +81,7 @@ def test_upload_counts_equal_the_counts_acceptance_would_make(api: Api, catalog_
     assert [i.prompt_tokens for i in items] == file.prompt_tokens
 
 
-def test_sectioned_upload_counts_the_effective_bodies(api: Api, catalog_model) -> None:
+def test_sectioned_counts_are_of_the_effective_bodies(api: Api, catalog_model) -> None:
     file = _upload(api, sectioned_file(4))
     assert file.prompt_tokens_revision == catalog_model.revision_id
     # Each request is counted with its section's prefix messages (SPEC §4.2).
@@ -146,17 +152,17 @@ def test_revision_change_after_upload_recounts_and_holds_for_the_new_revision(
     )
 
 
-def test_a_counter_that_fails_at_upload_leaves_counting_to_acceptance(
+def test_a_counter_that_fails_leaves_counting_to_acceptance(
     api: Api, catalog_model, monkeypatch: pytest.MonkeyPatch, store_reads: list[str]
 ) -> None:
-    def broken(revision: Any) -> Any:
-        def count(body: dict[str, Any]) -> int:
-            raise RuntimeError("tokenizer files unreadable")
+    def broken(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+        raise RuntimeError("template failed")
 
-        return count
-
-    monkeypatch.setattr("files.views.prompt_token_counter", broken)
-    file = _upload(api, _rows())
+    file = _upload(api, _rows(), count=False)
+    with monkeypatch.context() as patched:
+        patched.setattr("files.counting.prompt_ids", broken)
+        assert file_count_prompt_tokens(file_id=file.id) is False
+    file.refresh_from_db()
     assert file.prompt_tokens is None and file.prompt_tokens_revision == ""
     store_reads.clear()
 
@@ -165,3 +171,19 @@ def test_a_counter_that_fails_at_upload_leaves_counting_to_acceptance(
     items = BatchItem.objects.filter(batch_id=response.json()["id"]).order_by("index")
     assert [i.prompt_tokens for i in items] == _counted_now(file, catalog_model)
     assert store_reads
+
+
+def test_create_before_the_count_has_run_counts_itself(
+    api: Api, catalog_model, store_reads: list[str]
+) -> None:
+    file = _upload(api, _rows(), count=False)
+    expected = _counted_now(file, catalog_model)
+    store_reads.clear()
+
+    response = create(api, file.id)
+    assert response.status_code == 200, response.content
+    items = BatchItem.objects.filter(batch_id=response.json()["id"]).order_by("index")
+    assert [i.prompt_tokens for i in items] == expected
+    assert store_reads  # counted from the stored file, as before the background count
+    # The message that arrives afterwards finds the file accepted: nothing left to do.
+    assert file_count_prompt_tokens(file_id=file.id) is False

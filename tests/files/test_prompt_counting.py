@@ -1,111 +1,159 @@
-"""The validator counts prompt tokens of each valid line as it streams (issue 6, item 3)."""
+"""Prompt tokens are counted by a worker after the upload (issue 6, item 3), never inside it:
+files.counting.file_count_prompt_tokens and its actor files.tasks.file_count_tokens."""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
-import orjson
+import pytest
 
-from files.validation import InputValidator, ModelTarget
+from boardwalk.worker_runtime import COUNT_QUEUES, WorkerRuntime
+from files.counting import file_count_prompt_tokens
+from files.models import File
+from files.services import file_shred
+from files.tasks import file_count_tokens
+from tests.conftest import Api, jsonl, request_line
 
-MODEL = "boardwalk/tiny-chat"
+pytestmark = pytest.mark.django_db
 
-
-def _line(custom_id: str, content: str, **body: Any) -> dict[str, Any]:
-    return {
-        "custom_id": custom_id,
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": content}],
-            "max_completion_tokens": 8,
-            **body,
-        },
-    }
+SECRET = "the prompt says swordfish"
 
 
-def _validate(rows: list[dict[str, Any]], counter: Any) -> Any:
-    target = ModelTarget(
-        name=MODEL,
-        context_length=4096,
-        media=frozenset(),
-        revision_id="mcfg_counted",
-        count_prompt_tokens=counter,
-    )
-    validator = InputValidator(lambda name: target)
-    for row in rows:
-        validator.feed(orjson.dumps(row) + b"\n")
-    return validator.finish()
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The count messages the upload sends, recorded instead of enqueued."""
+    messages: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(file_count_tokens, "send", lambda *args: messages.append(args))
+    return messages
 
 
-def _words(body: dict[str, Any]) -> int:
-    return sum(len(m["content"].split()) for m in body["messages"])
+@pytest.fixture
+def tokenized(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every body the counting renders, recorded (it still counts for real)."""
+    import files.counting
+
+    bodies: list[dict[str, Any]] = []
+    real = files.counting.prompt_ids
+
+    def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+        bodies.append(body)
+        return real(tokenizer, body)
+
+    monkeypatch.setattr(files.counting, "prompt_ids", prompt_ids)
+    return bodies
 
 
-def test_each_valid_line_is_counted_for_the_targets_revision() -> None:
-    report = _validate([_line("a", "one two"), _line("b", "one two three")], _words)
-    assert report.ok
-    assert [line.prompt_tokens for line in report.lines] == [2, 3]
-    assert report.prompt_tokens_revision == "mcfg_counted"
+def _upload(api: Api, *contents: str) -> File:
+    rows = [request_line(f"task-{i}", content=c) for i, c in enumerate(contents)]
+    response = api.upload(jsonl(*rows))
+    assert response.status_code == 200, response.content
+    return File.objects.get(id=response.json()["id"])
 
 
-def test_sectioned_requests_are_counted_with_their_section_prefix() -> None:
-    seen: list[dict[str, Any]] = []
+def test_the_upload_does_not_tokenize_and_enqueues_the_count(
+    api: Api,
+    catalog_model: Any,
+    sent: list[tuple[Any, ...]],
+    tokenized: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        file = _upload(api, "Hello there", "Second")
+    assert tokenized == []  # nothing rendered or tokenized while the upload was answered
+    assert file.prompt_tokens is None and file.prompt_tokens_revision == ""
+    assert sent == [(file.id,)]
 
-    def counter(body: dict[str, Any]) -> int:
-        seen.append(body)
-        return _words(body)
-
-    rows = [
-        {"type": "header", "format": "batchrouter.sectioned.v1"},
-        {
-            "type": "section",
-            "section_id": "s1",
-            "body": {
-                "model": MODEL,
-                "max_completion_tokens": 8,
-                "messages": [{"role": "system", "content": "shared prefix words"}],
-            },
-        },
-        {
-            "type": "request",
-            "custom_id": "a",
-            "body": {"messages": [{"role": "user", "content": "hi"}]},
-        },
-    ]
-    report = _validate(rows, counter)
-    assert report.ok
-    assert [m["content"] for m in seen[0]["messages"]] == ["shared prefix words", "hi"]
-    assert [line.prompt_tokens for line in report.lines] == [4]
-    assert report.prompt_tokens_revision == "mcfg_counted"
+    assert file_count_prompt_tokens(file_id=file.id) is True
+    file.refresh_from_db()
+    assert file.prompt_tokens_revision == catalog_model.revision_id
+    assert len(file.prompt_tokens) == 2 and all(count > 0 for count in file.prompt_tokens)
+    assert len(tokenized) == 2
 
 
-def test_a_file_with_errors_stops_counting_and_reports_no_counts() -> None:
-    calls: list[str] = []
+def test_a_repeated_count_is_a_no_op(
+    api: Api, catalog_model: Any, sent: list[tuple[Any, ...]], tokenized: list[dict[str, Any]]
+) -> None:
+    file = _upload(api, "Hello there")
+    assert file_count_prompt_tokens(file_id=file.id) is True
+    file.refresh_from_db()
+    counted = (file.prompt_tokens, file.prompt_tokens_revision)
+    tokenized.clear()
 
-    def counter(body: dict[str, Any]) -> int:
-        calls.append(body["messages"][0]["content"])
-        return 1
-
-    bad = _line("b", "two")
-    bad["body"]["temperature"] = 7  # out of range: the file is refused
-    report = _validate([_line("a", "one"), bad, _line("c", "three")], counter)
-    assert not report.ok
-    assert calls == ["one"]  # nothing counted once the file cannot be accepted
-    assert report.prompt_tokens_revision is None
-
-
-def test_a_counter_that_raises_leaves_the_file_uncounted_but_valid() -> None:
-    def counter(body: dict[str, Any]) -> int:
-        raise OSError("tokenizer.json unreadable")
-
-    report = _validate([_line("a", "one"), _line("b", "two")], counter)
-    assert report.ok
-    assert report.prompt_tokens_revision is None
-    assert [line.prompt_tokens for line in report.lines] == [None, None]
+    assert file_count_prompt_tokens(file_id=file.id) is False
+    file_count_tokens.fn(file.id)  # the actor's body, as a redelivered message runs it
+    assert tokenized == []  # nothing read or counted again
+    file.refresh_from_db()
+    assert (file.prompt_tokens, file.prompt_tokens_revision) == counted
 
 
-def test_without_a_counter_nothing_is_counted() -> None:
-    report = _validate([_line("a", "one")], None)
-    assert report.ok and report.prompt_tokens_revision is None
+def test_a_file_deleted_before_its_count_is_left_alone(
+    api: Api, catalog_model: Any, sent: list[tuple[Any, ...]], tokenized: list[dict[str, Any]]
+) -> None:
+    file = _upload(api, "Hello there")
+    file_shred(file=file)
+    assert file_count_prompt_tokens(file_id=file.id) is False
+    assert file_count_prompt_tokens(file_id="file-gone") is False
+    assert tokenized == []
+    file.refresh_from_db()
+    assert file.prompt_tokens is None
+
+
+def test_a_file_deleted_while_it_is_counted_stores_nothing(
+    api: Api, catalog_model: Any, sent: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import files.counting
+
+    file = _upload(api, "Hello there", "Second")
+    real = files.counting.chat_tokenizer_for
+
+    def delete_first(revision: Any) -> Any:
+        file_shred(file=File.objects.get(id=file.id))  # the key and the blob go under us
+        return real(revision)
+
+    monkeypatch.setattr(files.counting, "chat_tokenizer_for", delete_first)
+    assert file_count_prompt_tokens(file_id=file.id) is False
+    file.refresh_from_db()
+    assert file.status == File.Status.DELETED and file.prompt_tokens is None
+
+
+def test_a_counter_that_fails_stores_nothing_and_logs_no_content(
+    api: Api,
+    catalog_model: Any,
+    sent: list[tuple[Any, ...]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+        raise RuntimeError(f"template failed on {body['messages'][0]['content']}")
+
+    monkeypatch.setattr("files.counting.prompt_ids", broken)
+    file = _upload(api, SECRET)
+    with caplog.at_level(logging.INFO, logger="files.counting"):
+        assert file_count_prompt_tokens(file_id=file.id) is False
+    assert "RuntimeError" in caplog.text and file.id in caplog.text
+    assert "swordfish" not in caplog.text
+    file.refresh_from_db()
+    assert file.prompt_tokens is None and file.prompt_tokens_revision == ""
+
+
+def test_the_count_actor_retries_a_bounded_number_of_times() -> None:
+    assert file_count_tokens.queue_name in COUNT_QUEUES
+    assert 0 <= file_count_tokens.options["max_retries"] <= 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_in_process_worker_counts_an_upload(api: Api, catalog_model: Any) -> None:
+    """The embedded default: the upload's message is consumed by the worker inside the process."""
+    file = _upload(api, "Hello there", "Second")
+    runtime = WorkerRuntime(threads=1, sweep_interval=30.0).start()
+    try:
+        deadline = time.monotonic() + 60
+        while File.objects.get(id=file.id).prompt_tokens is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        runtime.stop()
+    file.refresh_from_db()
+    assert file.prompt_tokens_revision == catalog_model.revision_id
+    assert file.prompt_tokens is not None and len(file.prompt_tokens) == 2
