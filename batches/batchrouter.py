@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 
 WINDOW = dt.timedelta(hours=24)
@@ -83,7 +84,7 @@ class Assignment:
 
 def _invalid(key: str, message: str) -> InvalidRequest:
     return InvalidRequest(
-        f"metadata.{key}: {message}", code="invalid_metadata", param=f"metadata.{key}"
+        f"metadata.{key}: {message}", code=ErrorCode.INVALID_METADATA, param=f"metadata.{key}"
     )
 
 
@@ -94,7 +95,7 @@ def assignment_parse(metadata: Any, *, now: dt.datetime) -> Assignment:
     if not isinstance(metadata, dict):
         raise InvalidRequest(
             "metadata must be an object of BatchRouter assignment fields, or null.",
-            code="invalid_metadata",
+            code=ErrorCode.INVALID_METADATA,
             param="metadata",
         )
     for key in metadata:
@@ -102,7 +103,7 @@ def assignment_parse(metadata: Any, *, now: dt.datetime) -> Assignment:
             raise InvalidRequest(
                 f"Unsupported metadata key {key!r}: metadata takes only the BatchRouter "
                 f"assignment fields ({', '.join(KEYS)}).",
-                code="unsupported_metadata",
+                code=ErrorCode.UNSUPPORTED_METADATA,
                 param=f"metadata.{key}",
             )
     for key, value in metadata.items():
@@ -117,14 +118,14 @@ def assignment_parse(metadata: Any, *, now: dt.datetime) -> Assignment:
     if tier is not None and tier not in TIERS:
         raise InvalidRequest(
             f"metadata.{TIER}: tier {tier!r} is not supported; the only tier is 'standard'.",
-            code="unsupported_metadata",
+            code=ErrorCode.UNSUPPORTED_METADATA,
             param=f"metadata.{TIER}",
         )
     role = metadata.get(ROLE)
     if role is not None and role not in ROLES:
         raise InvalidRequest(
             f"metadata.{ROLE}: role {role!r} is not supported; the only role is 'executor'.",
-            code="unsupported_metadata",
+            code=ErrorCode.UNSUPPORTED_METADATA,
             param=f"metadata.{ROLE}",
         )
     input_format = metadata.get(INPUT_FORMAT)
@@ -132,7 +133,7 @@ def assignment_parse(metadata: Any, *, now: dt.datetime) -> Assignment:
         raise InvalidRequest(
             f"metadata.{INPUT_FORMAT}: format {input_format!r} is not supported; the only "
             f"format is {SECTIONED_FORMAT!r}.",
-            code="unsupported_metadata",
+            code=ErrorCode.UNSUPPORTED_METADATA,
             param=f"metadata.{INPUT_FORMAT}",
         )
 
@@ -206,7 +207,7 @@ def assignment_check_target(
             raise InvalidRequest(
                 f"metadata.{first}: payment rates apply to catalog models only; a private "
                 "deployment is billed per GPU-second. Remove the rate fields.",
-                code="invalid_metadata",
+                code=ErrorCode.INVALID_METADATA,
                 param=f"metadata.{first}",
             )
         for key, published in zip(RATE_KEYS, prices, strict=True):
@@ -215,7 +216,7 @@ def assignment_check_target(
                 raise InvalidRequest(
                     f"metadata.{key}: the offered rate {offered} differs from the model's "
                     f"published batch price {published} (microusd per million tokens).",
-                    code="rate_mismatch",
+                    code=ErrorCode.RATE_MISMATCH,
                     param=f"metadata.{key}",
                 )
     if assignment.input_format != file_format:
@@ -231,5 +232,5 @@ def assignment_check_target(
                 '{"type":"header","format":"batchrouter.sectioned.v1"} line, or drop the field.'
             )
         raise InvalidRequest(
-            message, code="input_format_mismatch", param=f"metadata.{INPUT_FORMAT}"
+            message, code=ErrorCode.INPUT_FORMAT_MISMATCH, param=f"metadata.{INPUT_FORMAT}"
         )

@@ -28,6 +28,7 @@ from django.db import IntegrityError, connection, transaction
 
 from batches.models import Batch, IdempotencyRecord
 from boardwalk import clock
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import Conflict, InvalidRequest
 from boardwalk.models import Organization
 
@@ -54,7 +55,7 @@ def check_key(raw: str | None) -> str:
         raise InvalidRequest(
             "Missing Idempotency-Key header. Send a unique key per batch, e.g. with the OpenAI "
             'SDK: client.batches.create(..., extra_headers={"Idempotency-Key": "my-run-1"}).',
-            code="missing_idempotency_key",
+            code=ErrorCode.MISSING_IDEMPOTENCY_KEY,
             param="Idempotency-Key",
         )
     # WSGI hands header values over as latin-1 text of the raw bytes; the limit is on the
@@ -68,13 +69,13 @@ def check_key(raw: str | None) -> str:
     except UnicodeDecodeError:
         raise InvalidRequest(
             "Idempotency-Key must be UTF-8 text.",
-            code="invalid_idempotency_key",
+            code=ErrorCode.INVALID_IDEMPOTENCY_KEY,
             param="Idempotency-Key",
         ) from None
     if not 1 <= len(sent) <= 256:
         raise InvalidRequest(
             f"Idempotency-Key must be 1 to 256 bytes in UTF-8; it is {len(sent)}.",
-            code="invalid_idempotency_key",
+            code=ErrorCode.INVALID_IDEMPOTENCY_KEY,
             param="Idempotency-Key",
         )
     return key
@@ -135,7 +136,7 @@ def key_acquire(*, org: Organization, key: str, digest: str) -> Batch | KeyClaim
                     raise Conflict(
                         "This Idempotency-Key was already used for a different batch "
                         "submission. Use a new key for a new batch.",
-                        code="idempotency_key_reused",
+                        code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
                         param="Idempotency-Key",
                     )
                 if record.batch is not None:
@@ -152,7 +153,7 @@ def key_acquire(*, org: Organization, key: str, digest: str) -> Batch | KeyClaim
         if time.monotonic() >= deadline:
             raise Conflict(
                 "A request with this Idempotency-Key is still being processed; retry shortly.",
-                code="idempotency_key_in_use",
+                code=ErrorCode.IDEMPOTENCY_KEY_IN_USE,
                 param="Idempotency-Key",
                 retry_after=1,
             )

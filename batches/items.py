@@ -19,6 +19,7 @@ from django.db.models import F, Min, Q, QuerySet
 
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from boardwalk.faultpoints import fault_point
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGro
         if spent:
             BatchItem.objects.filter(id__in=spent, state=BatchItem.State.PENDING).update(
                 state=BatchItem.State.FAILED,
-                error_code="internal_error",
+                error_code=ItemCode.INTERNAL_ERROR,
                 lease_token=F("lease_token") + 1,
                 completed_at=now,
             )
@@ -318,7 +319,7 @@ def leases_recover(*, dead_processes: Iterable[str] = (), expired: bool = True) 
     running = Q(state=BatchItem.State.RUNNING) & abandoned
     failed = BatchItem.objects.filter(running, attempts__gte=settings.ITEM_MAX_ATTEMPTS).update(
         state=BatchItem.State.FAILED,
-        error_code="internal_error",
+        error_code=ItemCode.INTERNAL_ERROR,
         lease_owner="",
         lease_expires_at=None,
         lease_token=F("lease_token") + 1,

@@ -22,6 +22,7 @@ from batches.retention import item_results_drop
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from boardwalk.faultpoints import fault_point
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
@@ -33,27 +34,29 @@ from webhooks.outbox import batch_event_record
 
 logger = logging.getLogger(__name__)
 
-ITEM_ERROR_MESSAGES = {
-    "context_length_exceeded": "The prompt plus max_tokens exceeds the model's context length; "
-    "shorten the messages or lower max_tokens.",
-    "output_limit_exceeded": "The output file reached its 20 MiB limit before this row; "
+ITEM_ERROR_MESSAGES: dict[str, str] = {
+    ItemCode.CONTEXT_LENGTH_EXCEEDED: "The prompt plus max_tokens exceeds the model's context "
+    "length; shorten the messages or lower max_tokens.",
+    ItemCode.OUTPUT_LIMIT_EXCEEDED: "The output file reached its 20 MiB limit before this row; "
     "resubmit this request in a new batch.",
-    "batch_cancelled": "The batch was cancelled before this request finished.",
-    "batch_expired": "The batch expired before this request finished.",
-    "batch_failed": "The batch failed before this request ran.",
-    "insufficient_credit": "Not enough credit to run this request.",
-    "internal_error": "The request failed repeatedly inside the engine; retry it in a new batch.",
-    "invalid_request": "The engine rejected the request parameters.",
-    "image_fetch_failed": "An image URL of this request could not be fetched: the address is "
-    "not public, the server did not answer 200 in time, or the image is over the size limit.",
-    "invalid_media": "An image or audio part of this request could not be decoded, is not in "
-    "an accepted format, or is over the size, pixel or duration limit.",
+    ItemCode.BATCH_CANCELLED: "The batch was cancelled before this request finished.",
+    ItemCode.BATCH_EXPIRED: "The batch expired before this request finished.",
+    ItemCode.BATCH_FAILED: "The batch failed before this request ran.",
+    ItemCode.INSUFFICIENT_CREDIT: "Not enough credit to run this request.",
+    ItemCode.INTERNAL_ERROR: "The request failed repeatedly inside the engine; retry it in a "
+    "new batch.",
+    ItemCode.INVALID_REQUEST: "The engine rejected the request parameters.",
+    ItemCode.IMAGE_FETCH_FAILED: "An image URL of this request could not be fetched: the "
+    "address is not public, the server did not answer 200 in time, or the image is over the "
+    "size limit.",
+    ItemCode.INVALID_MEDIA: "An image or audio part of this request could not be decoded, is "
+    "not in an accepted format, or is over the size, pixel or duration limit.",
 }
 
 _OUTCOME_ITEM_CODES: dict[str, str] = {
-    Batch.Status.CANCELLED: "batch_cancelled",
-    Batch.Status.EXPIRED: "batch_expired",
-    Batch.Status.FAILED: "batch_failed",
+    Batch.Status.CANCELLED: ItemCode.BATCH_CANCELLED,
+    Batch.Status.EXPIRED: ItemCode.BATCH_EXPIRED,
+    Batch.Status.FAILED: ItemCode.BATCH_FAILED,
 }
 
 
@@ -176,11 +179,12 @@ def _publish(batch: Batch) -> Batch:
                 out_rows.append(row)
                 published.append(item.id)
                 continue
-            code = "output_limit_exceeded"
+            # A str: item.error_code holds whatever code the worker recorded.
+            code: str = ItemCode.OUTPUT_LIMIT_EXCEEDED
         elif item.state == BatchItem.State.FAILED:
-            code = item.error_code or "internal_error"
+            code = item.error_code or ItemCode.INTERNAL_ERROR
         else:
-            code = stop_code or "internal_error"
+            code = stop_code or ItemCode.INTERNAL_ERROR
         row = error_row(item, code)
         if err_size + len(row) <= MAX_RESULT_FILE_BYTES:
             # Rows the error file cannot hold are left for reconciliation (SPEC §6).

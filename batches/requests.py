@@ -7,6 +7,7 @@ from typing import Any
 
 from batches.batchrouter import Assignment, assignment_parse
 from boardwalk import clock
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 
 FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
@@ -27,31 +28,33 @@ class BatchSubmission:
 
 def parse_submission(data: Any) -> BatchSubmission:
     if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_body")
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
     unknown = sorted(set(data) - set(FIELDS))
     if unknown:
         raise InvalidRequest(
             f"Unknown field {unknown[0]!r}; a batch takes only {', '.join(FIELDS)}.",
-            code="unknown_parameter",
+            code=ErrorCode.UNKNOWN_PARAMETER,
             param=unknown[0],
         )
     file_id = data.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         raise InvalidRequest(
             "input_file_id is required: the id returned by POST /v1/files.",
-            code="missing_required_parameter" if file_id is None else "invalid_input_file_id",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER
+            if file_id is None
+            else ErrorCode.INVALID_INPUT_FILE_ID,
             param="input_file_id",
         )
     if data.get("endpoint") != ENDPOINT:
         raise InvalidRequest(
             f"endpoint must be {ENDPOINT!r}, the only batch endpoint.",
-            code="invalid_endpoint",
+            code=ErrorCode.INVALID_ENDPOINT,
             param="endpoint",
         )
     if data.get("completion_window") != WINDOW:
         raise InvalidRequest(
             f"completion_window must be {WINDOW!r}, the only supported window.",
-            code="invalid_completion_window",
+            code=ErrorCode.INVALID_COMPLETION_WINDOW,
             param="completion_window",
         )
     assignment = assignment_parse(data.get("metadata"), now=clock.now())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, Q, QuerySet
 
 from batches.models import Batch, BatchItem
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, NotFound
 from boardwalk.models import Organization
 
@@ -28,7 +29,9 @@ def parse_limit(raw: str | None) -> int:
         limit = 0
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(
-            f"limit must be an integer from 1 to {MAX_LIMIT}.", code="invalid_limit", param="limit"
+            f"limit must be an integer from 1 to {MAX_LIMIT}.",
+            code=ErrorCode.INVALID_LIMIT,
+            param="limit",
         )
     return limit
 
@@ -40,7 +43,7 @@ def _after(
         return queryset
     if row is None:
         raise InvalidRequest(
-            f"Unknown cursor {after!r} for 'after'.", code="invalid_cursor", param="after"
+            f"Unknown cursor {after!r} for 'after'.", code=ErrorCode.INVALID_CURSOR, param="after"
         )
     first, second = fields
     value = getattr(row, first)

@@ -19,6 +19,7 @@ from billing.selectors import credit_for_org
 from billing.services import credit_hold
 from boardwalk import clock
 from boardwalk.broker import send_after_commit
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import (
     CapacityExceeded,
     Conflict,
@@ -28,12 +29,13 @@ from boardwalk.errors import (
 )
 from boardwalk.faultpoints import fault_point
 from boardwalk.models import Organization
+from files.counting import file_prompt_tokens
 from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
 from files.models import File
 from files.selectors import file_get_for_org
-from files.services import ItemSpan, file_iter_bodies, line_index_span
-from inference.chat_completions import max_output_tokens, prompt_ids
+from files.services import ItemSpan, line_index_span
+from inference.chat_completions import max_output_tokens
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
 from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
 
@@ -84,34 +86,42 @@ def _input_file(*, org: Organization, file_id: str) -> File:
         problem = "is already the input of another batch; upload it again for a new batch"
     if problem:
         raise InvalidRequest(
-            f"Input file {file.id} {problem}.", code="invalid_input_file_id", param="input_file_id"
+            f"Input file {file.id} {problem}.",
+            code=ErrorCode.INVALID_INPUT_FILE_ID,
+            param="input_file_id",
         )
     return file
 
 
+def _counted_items(file: File, revision_id: str) -> list[ItemPlan] | None:
+    """The items as counted after the upload, when that was for `revision_id`: no content is read.
+
+    None when the count was for another revision (the catalog model moved on since), has not
+    finished yet or failed; the caller then counts the lines itself.
+    """
+    index = file.line_index or []
+    counts = file.prompt_tokens
+    if file.prompt_tokens_revision != revision_id or counts is None or len(counts) != len(index):
+        return None
+    return [
+        ItemPlan(i, row[2], line_index_span(row), row[3], row[4], counts[i])
+        for i, row in enumerate(index)
+    ]
+
+
 def _count_items(file: File, tokenizer: Any) -> list[ItemPlan]:
     index = file.line_index or []
-    items = []
-    spans = [line_index_span(row) for row in index]
-    bodies = file_iter_bodies(file=file, spans=spans)
-    for i, (row, span, body) in enumerate(zip(index, spans, bodies, strict=True)):
-        items.append(
-            ItemPlan(
-                i,
-                row[2],
-                span,
-                max_output_tokens(body),
-                row[4],
-                len(prompt_ids(tokenizer, body)),
-            )
-        )
-    return items
+    counted = file_prompt_tokens(file=file, tokenizer=tokenizer)
+    return [
+        ItemPlan(i, row[2], line_index_span(row), max_output_tokens(body), row[4], tokens)
+        for i, (row, (body, tokens)) in enumerate(zip(index, counted, strict=True))
+    ]
 
 
 def _recheck_input(file: File) -> None:
     """Inside the acceptance transaction: the file, locked, is still there.
 
-    `_plan` read it outside the transaction (decrypting and counting takes time); a delete
+    `_plan` read it outside the transaction (counting may decrypt the file); a delete
     that landed since then must win: one of the two requests fails, never both succeed.
     The delete locks the same row, so it waits for us or we see its result.
     """
@@ -119,7 +129,7 @@ def _recheck_input(file: File) -> None:
     if current is None or current.status != File.Status.PROCESSED or current.wrapped_key is None:
         raise InvalidRequest(
             f"Input file {file.id} was deleted.",
-            code="invalid_input_file_id",
+            code=ErrorCode.INVALID_INPUT_FILE_ID,
             param="input_file_id",
         )
 
@@ -131,26 +141,37 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
     except ModelNotUsable as exc:
         raise InvalidRequest(
             f"The input file's model cannot be used: {exc.message}",
-            code=exc.code,
+            code=ErrorCode(exc.code),
             param="input_file_id",
         ) from exc
     try:
+        # Loaded even when the stored counts serve (cached per process, so nearly free): a
+        # revision whose tokenizer cannot load cannot run either, and answers 503 here.
         tokenizer = chat_tokenizer_for(target.revision)
     except TokenizerUnavailable as exc:
         logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
         raise ServiceUnavailable(
             f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
             "retry later or contact support.",
-            code="model_unavailable",
+            code=ErrorCode.MODEL_UNAVAILABLE,
         ) from exc
-    try:
-        items = _count_items(file, tokenizer)
-    except Exception:
-        # A DELETE that landed while we read destroys the key and the blob under us; the
-        # row lock waits for that delete to commit, so the check sees its outcome.
-        with transaction.atomic():
-            _recheck_input(file)
-        raise
+    items = _counted_items(file, target.revision.id)
+    if items is None:
+        # Ids only: which revision the stored counts are for, if any (the content never).
+        logger.info(
+            "counting prompt tokens of %s for %s (stored counts are for %r)",
+            file.id,
+            target.revision.id,
+            file.prompt_tokens_revision,
+        )
+        try:
+            items = _count_items(file, tokenizer)
+        except Exception:
+            # A DELETE that landed while we read destroys the key and the blob under us; the
+            # row lock waits for that delete to commit, so the check sees its outcome.
+            with transaction.atomic():
+                _recheck_input(file)
+            raise
     if target.catalog is not None:
         prices = TokenPrices(
             target.catalog.price_input,
@@ -189,20 +210,20 @@ def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
         raise CapacityExceeded(
             f"Your organization already has {unfinished} unfinished batches (the limit is "
             f"{MAX_UNFINISHED_PER_ORG}); wait for one to finish or cancel one.",
-            code="too_many_unfinished_batches",
+            code=ErrorCode.TOO_MANY_UNFINISHED_BATCHES,
         )
     if plan.target.kind == "deployment" and len(plan.items) > MAX_PRIVATE_ITEMS:
         raise CapacityExceeded(
             f"Batches on a private deployment take at most {MAX_PRIVATE_ITEMS} items; this file "
             f"has {len(plan.items)}. Split it into smaller files.",
-            code="private_batch_too_large",
+            code=ErrorCode.PRIVATE_BATCH_TOO_LARGE,
             retryable=False,  # the same file never fits: the SDK must not resend it
         )
     queued = BatchItem.objects.filter(state=BatchItem.State.PENDING).count()
     if queued + len(plan.items) > settings.MAX_QUEUED_ITEMS:
         raise CapacityExceeded(
             "The batch queue is full right now; retry later.",
-            code="queue_backlog_full",
+            code=ErrorCode.QUEUE_BACKLOG_FULL,
             # At most 120 s, or the OpenAI SDK gives up instead of waiting.
             retry_after=60,
         )
@@ -215,7 +236,7 @@ def _check_credit(*, org: Organization, plan: BatchPlan) -> None:
             f"This batch may cost up to {plan.hold_microusd} µUSD but your organization has "
             f"{available} µUSD of available credit. Ask an administrator for more credit or "
             "submit fewer or shorter requests.",
-            code="insufficient_credit",
+            code=ErrorCode.INSUFFICIENT_CREDIT,
         )
 
 
@@ -326,7 +347,7 @@ def _create_claimed(
         except IntegrityError as exc:
             raise InvalidRequest(
                 f"Input file {plan.file.id} is already the input of another batch.",
-                code="invalid_input_file_id",
+                code=ErrorCode.INVALID_INPUT_FILE_ID,
                 param="input_file_id",
             ) from exc
         idempotency.key_complete(claim=claim, batch=batch)
@@ -367,6 +388,6 @@ def batch_cancel(*, batch: Batch) -> Batch:
     if batch.is_terminal:
         raise Conflict(
             f"Batch {batch.id} is already {batch.status}; it cannot be cancelled.",
-            code="batch_not_cancellable",
+            code=ErrorCode.BATCH_NOT_CANCELLABLE,
         )
     return batch  # cancelling or finalizing already: unchanged

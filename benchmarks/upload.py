@@ -17,7 +17,14 @@ within 1.25x of the slower of the orjson loop and write+fsync. `--without-fsync`
 diagnostic run of the boardwalk path with fsync/fdatasync turned into no-ops: what the
 durability costs here (the product always syncs).
 
+`--count-tokens` adds the prompt token count (issue 6) the way the product does it: the
+upload as above (it does not count), then, timed on its own, what the worker's
+`file_count_tokens` message runs for the stored file (`files.counting.file_count_prompt_tokens`:
+resolve the model, decrypt, parse, count with the tiny demo model's tokenizer, store the
+counts). Two rows: the upload of that run (the answer's critical path) and the count after it.
+
     .venv/bin/python benchmarks/upload.py [--mib 256] [--lines 1000] [--without-fsync]
+                                          [--count-tokens]
 """
 
 from __future__ import annotations
@@ -125,7 +132,8 @@ def run_write_fsync(path: Path, data_dir: Path) -> dict:
     return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base}
 
 
-def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
+def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True, count: bool = False) -> dict:
+    """`count`: after the upload, run the background prompt token count and time it apart."""
     os.environ["BOARDWALK_DATA_DIR"] = str(data_dir)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
     sys.path.insert(0, str(ROOT))
@@ -150,6 +158,16 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
 
     call_command("migrate", verbosity=0)
     org = org_create(name=f"bench-{time.time_ns()}")
+    if count:
+        from inference.demo_model import build_demo_model, demo_revision_fields
+        from inference.services import catalog_model_create, revision_create
+        from inference.tokenization import chat_tokenizer_for
+
+        model_dir = build_demo_model(data_dir / "model", size="tiny")
+        revision = revision_create(**demo_revision_fields(model_dir, "tiny"))
+        # The file's model, so that the count resolves it as the worker does.
+        catalog_model_create(name="boardwalk/tiny-chat", revision=revision, prices=(1, 1, 1))
+        chat_tokenizer_for(revision)  # loaded outside the timed part, as a warm worker has it
 
     def resolve(name: str) -> ModelTarget:
         return ModelTarget(name=name, context_length=2048, media=frozenset())
@@ -183,7 +201,16 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True) -> dict:
         form.discard()
     elapsed = time.perf_counter() - start
     assert file.line_count > 0, "validation failed"
-    return {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base, "lines": file.line_count}
+    assert file.prompt_tokens is None, "the upload counted prompt tokens"
+    result = {"seconds": elapsed, "peak_growth_mib": _peak_mib() - base, "lines": file.line_count}
+    if count:
+        from files.counting import file_count_prompt_tokens
+
+        start = time.perf_counter()
+        assert file_count_prompt_tokens(file_id=file.id), "prompt tokens not counted"
+        result["count_seconds"] = time.perf_counter() - start
+        result["count_peak_growth_mib"] = _peak_mib() - base
+    return result
 
 
 def main() -> None:
@@ -194,8 +221,16 @@ def main() -> None:
     parser.add_argument("--without-fsync", action="store_true")
     parser.add_argument(
         "--variant",
-        choices=["baseline", "orjson", "write-fsync", "boardwalk", "boardwalk-nofsync"],
+        choices=[
+            "baseline",
+            "orjson",
+            "write-fsync",
+            "boardwalk",
+            "boardwalk-nofsync",
+            "count-background",
+        ],
     )
+    parser.add_argument("--count-tokens", action="store_true")
     parser.add_argument("--file")
     parser.add_argument("--data-dir")
     args = parser.parse_args()
@@ -207,6 +242,8 @@ def main() -> None:
             result = run_orjson(path)
         elif args.variant == "write-fsync":
             result = run_write_fsync(path, Path(args.data_dir))
+        elif args.variant == "count-background":
+            result = run_boardwalk(path, Path(args.data_dir), count=True)
         else:
             fsync = args.variant == "boardwalk"
             result = run_boardwalk(path, Path(args.data_dir), fsync=fsync)
@@ -219,6 +256,8 @@ def main() -> None:
         variants = ["baseline", "orjson", "write-fsync", "boardwalk"]
         if args.without_fsync:
             variants.append("boardwalk-nofsync")
+        if args.count_tokens:
+            variants.append("count-background")
         runs: dict[str, list[dict]] = {variant: [] for variant in variants}
         # Interleaved, so that other load on the machine falls on every variant alike.
         for attempt in range(args.repeat):
@@ -251,6 +290,13 @@ def main() -> None:
             }
             for variant, found in runs.items()
         }
+        if args.count_tokens:  # the count after the upload, reported as a row of its own
+            found = runs["count-background"]
+            results["count-worker"] = {
+                "seconds": statistics.median(r["count_seconds"] for r in found),
+                "all": [r["count_seconds"] for r in found],
+                "peak_growth_mib": max(r["count_peak_growth_mib"] for r in found),
+            }
         print(f"file: {size_mb:.1f} MB, {args.lines} lines; median of {args.repeat} runs each")
         print(f"{'variant':<34}{'seconds':>9}{'MB/s':>9}{'peak RSS growth':>18}  all runs (s)")
         labels = {
@@ -259,6 +305,8 @@ def main() -> None:
             "write-fsync": "write + fsync of the same bytes",
             "boardwalk": "validate+encrypt+store (boardwalk)",
             "boardwalk-nofsync": "  same, fsync off (diagnostic)",
+            "count-background": "  same, with a model to count for",
+            "count-worker": "  then the background token count",
         }
         for name, r in results.items():
             label = labels[name]

@@ -8,6 +8,7 @@ import secrets
 from django.db import IntegrityError, transaction
 
 from billing.models import LedgerEntry
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from boardwalk.models import Organization
 
@@ -38,7 +39,7 @@ def _append(
 def credit_grant(*, org: Organization, amount_microusd: int, memo: str = "") -> LedgerEntry:
     if amount_microusd <= 0:
         raise InvalidRequest(
-            "A credit grant must be a positive number of micro-USD.", code="invalid_amount"
+            "A credit grant must be a positive number of micro-USD.", code=ErrorCode.INVALID_AMOUNT
         )
     key = f"grant:{secrets.token_hex(12)}"
     _append(org_id=org.id, kind=LedgerEntry.Kind.GRANT, amount=amount_microusd, key=key, memo=memo)

@@ -14,6 +14,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import NotAuthenticated
 from rest_framework.permissions import BasePermission
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import AuthenticationError, ScopeError
 from boardwalk.models import SCOPE_READ, SCOPE_WRITE, ApiKey, Organization
 from boardwalk.services import api_key_authenticate
@@ -77,6 +78,6 @@ class HasDeclaredScope(BasePermission):
             raise ScopeError(
                 f"This API key lacks the scope for {method} {request.path}: "
                 f"it needs one of {', '.join(needed)}.",
-                code="insufficient_scope",
+                code=ErrorCode.INSUFFICIENT_SCOPE,
             )
         return True

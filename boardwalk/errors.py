@@ -26,6 +26,11 @@ from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+# The codes live in a module of their own (no imports) so that the engine can use them too.
+from boardwalk.codes import ErrorCode
+from boardwalk.codes import ItemCode as ItemCode
+from boardwalk.codes import LineCode as LineCode
+
 logger = logging.getLogger(__name__)
 
 _TYPES = {
@@ -50,7 +55,7 @@ _TYPES = {
 
 class BoardwalkError(Exception):
     status = 400
-    code = "invalid_request"
+    code: ErrorCode = ErrorCode.INVALID_REQUEST
     # Seconds after which the same request may succeed; None: retrying cannot help.
     retry_after: int | None = None
 
@@ -58,7 +63,7 @@ class BoardwalkError(Exception):
         self,
         message: str,
         *,
-        code: str | None = None,
+        code: ErrorCode | None = None,
         param: str | None = None,
         details: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
@@ -86,7 +91,7 @@ class InvalidRequest(BoardwalkError):
 
 class AuthenticationError(BoardwalkError):
     status = 401
-    code = "invalid_api_key"
+    code = ErrorCode.INVALID_API_KEY
 
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
@@ -96,54 +101,54 @@ class AuthenticationError(BoardwalkError):
 
 class ScopeError(BoardwalkError):
     status = 403
-    code = "insufficient_scope"
+    code = ErrorCode.INSUFFICIENT_SCOPE
 
 
 class InsufficientCredit(BoardwalkError):
     status = 402
-    code = "insufficient_credit"
+    code = ErrorCode.INSUFFICIENT_CREDIT
 
 
 class NotFound(BoardwalkError):
     status = 404
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class RequestTimeout(BoardwalkError):
     status = 408
-    code = "request_timeout"
+    code = ErrorCode.REQUEST_TIMEOUT
 
 
 class LengthRequired(BoardwalkError):
     status = 411
-    code = "length_required"
+    code = ErrorCode.LENGTH_REQUIRED
 
 
 class MethodNotAllowed(BoardwalkError):
     status = 405
-    code = "method_not_allowed"
+    code = ErrorCode.METHOD_NOT_ALLOWED
 
 
 class Conflict(BoardwalkError):
     status = 409
-    code = "conflict"
+    code = ErrorCode.CONFLICT
 
 
 class PayloadTooLarge(BoardwalkError):
     status = 413
-    code = "file_too_large"
+    code = ErrorCode.FILE_TOO_LARGE
 
 
 class RangeNotSatisfiable(BoardwalkError):
     status = 416
-    code = "range_not_satisfiable"
+    code = ErrorCode.RANGE_NOT_SATISFIABLE
 
 
 class ServiceUnavailable(BoardwalkError):
     """Temporarily unable to answer; the same request will succeed later."""
 
     status = 503
-    code = "service_unavailable"
+    code = ErrorCode.SERVICE_UNAVAILABLE
     retry_after: int | None = 5
 
 
@@ -161,7 +166,7 @@ class CapacityExceeded(BoardwalkError):
     """429. `retryable=False` for a limit the same request can never meet."""
 
     status = 429
-    code = "capacity_exceeded"
+    code = ErrorCode.CAPACITY_EXCEEDED
     retry_after: int | None = 60
 
     def __init__(self, message: str, *, retryable: bool = True, **kwargs: Any) -> None:
@@ -172,7 +177,7 @@ class CapacityExceeded(BoardwalkError):
 
 def envelope(
     status: int,
-    code: str,
+    code: ErrorCode,
     message: str,
     param: str | None = None,
     details: list[dict[str, Any]] | None = None,
@@ -206,7 +211,7 @@ def _from_drf(exc: drf.APIException) -> BoardwalkError:
     if isinstance(exc, drf.NotAuthenticated):
         return AuthenticationError(
             "No API key provided. Send it as 'Authorization: Bearer <key>'.",
-            code="missing_api_key",
+            code=ErrorCode.MISSING_API_KEY,
         )
     if isinstance(exc, drf.AuthenticationFailed):
         return AuthenticationError(str(exc.detail))
@@ -217,19 +222,27 @@ def _from_drf(exc: drf.APIException) -> BoardwalkError:
     if isinstance(exc, drf.MethodNotAllowed):
         return MethodNotAllowed(str(exc.detail))
     if isinstance(exc, drf.UnsupportedMediaType):
-        error = InvalidRequest(str(exc.detail), code="unsupported_media_type")
+        error = InvalidRequest(str(exc.detail), code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
         error.status = 415
         return error
     if isinstance(exc, drf.ParseError):
         return InvalidRequest(
-            f"The request body is not valid JSON: {exc.detail}", code="invalid_json"
+            f"The request body is not valid JSON: {exc.detail}", code=ErrorCode.INVALID_JSON
         )
     if isinstance(exc, drf.Throttled):
         return CapacityExceeded(str(exc.detail), retry_after=int(getattr(exc, "wait", None) or 60))
     if isinstance(exc, drf.ValidationError):
         param, message = _first_validation_error(exc.detail)
-        return InvalidRequest(message, code="invalid_request", param=param)
-    generic = BoardwalkError(str(exc.detail), code=str(exc.default_code))
+        return InvalidRequest(message, code=ErrorCode.INVALID_REQUEST, param=param)
+    if isinstance(exc, drf.NotAcceptable):
+        error = InvalidRequest(str(exc.detail), code=ErrorCode.NOT_ACCEPTABLE)
+        error.status = 406
+        return error
+    # Any other DRF exception is one of ours we forgot to map: its DRF code is not in the enum.
+    generic = BoardwalkError(
+        str(exc.detail),
+        code=ErrorCode.INTERNAL_ERROR if exc.status_code >= 500 else ErrorCode.INVALID_REQUEST,
+    )
     generic.status = exc.status_code
     return generic
 
@@ -272,29 +285,29 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return render(
             ServiceUnavailable(
                 "A backing service (database or queue) is unavailable right now; retry shortly.",
-                code="backend_unavailable",
+                code=ErrorCode.BACKEND_UNAVAILABLE,
             )
         )
     return None  # unexpected: Django's 500 handler (below) answers in the envelope
 
 
-def _json(status: int, code: str, message: str) -> JsonResponse:
+def _json(status: int, code: ErrorCode, message: str) -> JsonResponse:
     return JsonResponse(
         envelope(status, code, message), status=status, headers=retry_headers(status)
     )
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return _json(404, "not_found", f"Unknown path {request.path!r}.")
+    return _json(404, ErrorCode.NOT_FOUND, f"Unknown path {request.path!r}.")
 
 
 def handler500(request: HttpRequest) -> JsonResponse:
-    return _json(500, "internal_error", "Internal server error. Retry later.")
+    return _json(500, ErrorCode.INTERNAL_ERROR, "Internal server error. Retry later.")
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return _json(400, "bad_request", "Bad request.")
+    return _json(400, ErrorCode.BAD_REQUEST, "Bad request.")
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return _json(403, "forbidden", "Forbidden.")
+    return _json(403, ErrorCode.FORBIDDEN, "Forbidden.")

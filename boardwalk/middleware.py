@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import (
     InvalidRequest,
     LengthRequired,
@@ -82,7 +83,9 @@ class RequestLimitsMiddleware:
         raw = (request.META.get("CONTENT_LENGTH") or "0").strip()
         if not raw.isascii() or not raw.isdigit():
             return render_plain(
-                InvalidRequest("The Content-Length header is not a number.", code="bad_request")
+                InvalidRequest(
+                    "The Content-Length header is not a number.", code=ErrorCode.BAD_REQUEST
+                )
             )
         if getattr(getattr(view, "cls", None), "reads_own_body", False):
             return None
@@ -91,7 +94,7 @@ class RequestLimitsMiddleware:
             return render_plain(
                 PayloadTooLarge(
                     f"The request body is larger than this endpoint accepts ({limit} bytes).",
-                    code="request_too_large",
+                    code=ErrorCode.REQUEST_TOO_LARGE,
                 )
             )
         return None

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from boardwalk import clock
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from boardwalk.models import ALL_SCOPES, ApiKey, Organization
 
@@ -37,7 +38,7 @@ def parse_scopes(raw: str | list[str]) -> list[str]:
     if not scopes or unknown:
         raise InvalidRequest(
             f"Scopes must be a non-empty subset of {', '.join(ALL_SCOPES)}; got {raw!r}.",
-            code="invalid_scopes",
+            code=ErrorCode.INVALID_SCOPES,
         )
     return scopes
 
@@ -45,7 +46,7 @@ def parse_scopes(raw: str | list[str]) -> list[str]:
 def org_create(*, name: str) -> Organization:
     name = name.strip()
     if not name:
-        raise InvalidRequest("An organization needs a name.", code="invalid_name")
+        raise InvalidRequest("An organization needs a name.", code=ErrorCode.INVALID_NAME)
     return Organization.objects.create(name=name)
 
 

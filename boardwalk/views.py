@@ -12,6 +12,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from boardwalk import metrics
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import AuthenticationError, ScopeError, ServiceUnavailable, render_plain
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return render_plain(
         ServiceUnavailable(
             f"Not ready: {down} unavailable.",
-            code="not_ready",
+            code=ErrorCode.NOT_READY,
             headers={"Retry-After": "5"},
             extra={"checks": checks},
         )

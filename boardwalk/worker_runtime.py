@@ -18,10 +18,14 @@ from django.db import connection
 from batches.liveness import dead_workers_recover, process_id, worker_beat, worker_leave
 from batches.tasks import engine_wake, sweep
 from boardwalk.broker import setup_broker
+from files.tasks import file_count_tokens
 
 logger = logging.getLogger(__name__)
 
 QUEUES = {"engine", "batches", "webhooks"}
+# Prompt token counts after uploads (files.tasks): minutes of CPU for a large file, so they
+# get a thread of their own and never take the one that serves the engine.
+COUNT_QUEUES = {file_count_tokens.queue_name}
 
 
 class Sweeper(threading.Thread):
@@ -94,21 +98,30 @@ class WorkerRuntime:
         # Take one message per thread at a time: a wake-up buffered by a worker busy serving
         # would wait there while another worker sits idle (scale-out relies on it).
         self.worker.queue_prefetch = self.worker.worker_threads
+        self.counter = dramatiq.Worker(
+            self.broker, queues=COUNT_QUEUES, worker_threads=1, worker_timeout=1000
+        )
+        self.counter.queue_prefetch = 1
         self.sweeper = Sweeper(sweep_interval or settings.SWEEP_INTERVAL_SECONDS)
         self.liveness = Liveness(settings.WORKER_HEARTBEAT_SECONDS)
 
     def start(self) -> WorkerRuntime:
         self.worker.start()
+        self.counter.start()
         self.sweeper.start()
         self.liveness.start()
         logger.info(
-            "worker started queues=%s threads=%s", sorted(QUEUES), self.worker.worker_threads
+            "worker started queues=%s threads=%s (+1 for %s)",
+            sorted(QUEUES),
+            self.worker.worker_threads,
+            sorted(COUNT_QUEUES),
         )
         return self
 
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.sweeper.stop()
         self.worker.stop(timeout=timeout_ms)
+        self.counter.stop(timeout=timeout_ms)
         self.liveness.stop()
         self.liveness.join(timeout=5)
         # A stopped worker leaves its middleware on the broker; drop it so that a later

@@ -51,6 +51,12 @@ class File(models.Model):
     format = models.CharField(max_length=20, blank=True, default="")
     line_count = models.PositiveIntegerField(default=0)
     line_index = models.JSONField(null=True, editable=False)
+    # Input files only: each line_index row's prompt tokens, counted by a worker right after
+    # the upload (files.counting) with the tokenizer of `prompt_tokens_revision`, the model's
+    # serving revision then. Acceptance uses them when it pins that same revision and counts
+    # again otherwise. Null / "": not counted (yet, or the count failed).
+    prompt_tokens = models.JSONField(null=True, editable=False)
+    prompt_tokens_revision = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(default=clock.now, editable=False)
     expires_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)

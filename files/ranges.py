@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from boardwalk.errors import BoardwalkError, RangeNotSatisfiable
+from boardwalk.errors import BoardwalkError, ErrorCode, RangeNotSatisfiable
 
 
 class PreconditionFailed(BoardwalkError):
     status = 412
-    code = "precondition_failed"
+    code = ErrorCode.PRECONDITION_FAILED
 
 
 def _tags(header: str) -> list[str]:

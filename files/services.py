@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from boardwalk import clock
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import (
     CapacityExceeded,
     Conflict,
@@ -46,19 +47,19 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
         raise PayloadTooLarge(
             f"The file is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB; split it into "
             "several batches.",
-            code="file_too_large",
+            code=ErrorCode.FILE_TOO_LARGE,
             param="file",
         )
     report = upload.report
     if report is None:  # the multipart body ended inside the file part
         upload.spool.discard()
         raise InvalidRequest(
-            "The upload was incomplete; send the whole file.", code="incomplete_upload"
+            "The upload was incomplete; send the whole file.", code=ErrorCode.INCOMPLETE_UPLOAD
         )
     if purpose != File.Purpose.BATCH:
         upload.spool.discard()
         raise InvalidRequest(
-            "Only purpose 'batch' can be uploaded.", code="invalid_purpose", param="purpose"
+            "Only purpose 'batch' can be uploaded.", code=ErrorCode.INVALID_PURPOSE, param="purpose"
         )
     if not report.ok:
         upload.spool.discard()
@@ -70,7 +71,7 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
         message += f" First: line {first.line}: {first.message}"
         raise InvalidRequest(
             message,
-            code="invalid_input_file",
+            code=ErrorCode.INVALID_INPUT_FILE,
             param="file",
             details=[
                 {"line": e.line, "field": e.field, "code": e.code, "message": e.message}
@@ -83,7 +84,7 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
         raise CapacityExceeded(
             "Your organization already retains 1 GiB of input files; delete unused input files "
             "or wait for batches to finish.",
-            code="retained_input_limit",
+            code=ErrorCode.RETAINED_INPUT_LIMIT,
         )
     name = _storage_name(upload.file_id)
     stored = upload.spool.commit(name)
@@ -188,7 +189,7 @@ def file_delete(*, file: File) -> None:
         ):
             raise Conflict(
                 f"File {file.id} is the input of an unfinished batch; cancel the batch first.",
-                code="file_in_use",
+                code=ErrorCode.FILE_IN_USE,
             )
         file_shred(file=file)
 
@@ -288,7 +289,7 @@ def _read_with_fallback(file: File, data_key: bytes, start: int, end: int) -> It
             )
     raise ServiceUnavailable(
         f"The content of file {file.id} cannot be read from storage right now.",
-        code="content_unavailable",
+        code=ErrorCode.CONTENT_UNAVAILABLE,
     )
 
 

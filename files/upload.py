@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, PayloadTooLarge
 from boardwalk.ids import new_id
 from files.crypto import new_data_key
@@ -127,12 +128,13 @@ def upload_receive(
     except IncompleteBody:
         form.discard()
         raise InvalidRequest(
-            "The upload was incomplete; send the whole file.", code="incomplete_upload"
+            "The upload was incomplete; send the whole file.", code=ErrorCode.INCOMPLETE_UPLOAD
         ) from None
     except MultipartError as exc:
         form.discard()
         raise InvalidRequest(
-            f"The request body is not valid multipart/form-data: {exc}", code="invalid_multipart"
+            f"The request body is not valid multipart/form-data: {exc}",
+            code=ErrorCode.INVALID_MULTIPART,
         ) from None
     except BaseException:
         form.discard()
@@ -157,7 +159,7 @@ def _too_large() -> PayloadTooLarge:
     # Worded as file_create_from_upload words the same refusal found while streaming.
     return PayloadTooLarge(
         f"The file is larger than {MAX_INPUT_BYTES // MiB} MiB; split it into several batches.",
-        code="file_too_large",
+        code=ErrorCode.FILE_TOO_LARGE,
         param="file",
     )
 

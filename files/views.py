@@ -10,12 +10,15 @@ from rest_framework.views import APIView
 
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
+from boardwalk.broker import send_after_commit
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
 from files.multipart import MultipartError, multipart_boundary
 from files.ranges import not_modified, requested_range
 from files.selectors import file_get_for_org, file_readable_for_org
 from files.serializers import file_payload
 from files.services import file_create_from_upload, file_delete, file_read_range
+from files.tasks import file_count_tokens
 from files.upload import ReceivedForm, upload_receive
 from files.validation import ModelLookupError, ModelTarget
 from inference.selectors import ModelNotUsable, model_resolve
@@ -72,7 +75,7 @@ class FileCollectionView(APIView):
         try:
             boundary = multipart_boundary(content_type)
         except MultipartError as exc:
-            raise InvalidRequest(str(exc), code="invalid_multipart") from None
+            raise InvalidRequest(str(exc), code=ErrorCode.INVALID_MULTIPART) from None
         if boundary is None:
             raise UnsupportedMediaType(
                 content_type,
@@ -98,21 +101,27 @@ class FileCollectionView(APIView):
                 f"Unsupported upload field(s): {', '.join(unknown)}. Send only 'purpose=batch' "
                 "and 'file', once each; input files expire 24 hours after upload unless a batch "
                 "uses them.",
-                code="unsupported_field",
+                code=ErrorCode.UNSUPPORTED_FIELD,
                 param=unknown[0],
             )
         if upload is None:
             raise InvalidRequest(
                 "Attach the JSONL file as the multipart field 'file'.",
-                code="missing_file",
+                code=ErrorCode.MISSING_FILE,
                 param="file",
             )
         purpose = form.text.get("purpose")
         if not purpose:
             raise InvalidRequest(
-                "Send the multipart field 'purpose=batch'.", code="missing_purpose", param="purpose"
+                "Send the multipart field 'purpose=batch'.",
+                code=ErrorCode.MISSING_PURPOSE,
+                param="purpose",
             )
-        return file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
+        file = file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
+        # Prompt tokens are counted by a worker, off the upload's answer (files.counting);
+        # sent from here because files.tasks reads files through files.services.
+        send_after_commit(file_count_tokens, file.id)
+        return file
 
 
 def _content_length(meta: dict[str, Any]) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from boardwalk.codes import LineCode
 from boardwalk.errors import NotFound
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
@@ -53,20 +54,20 @@ def model_resolve(*, org: Organization, name: str) -> ResolvedModel:
         deployment = None  # another org's deployment is simply unknown
     if deployment is not None and catalog is not None:
         raise ModelNotUsable(
-            "model_ambiguous",
+            LineCode.MODEL_AMBIGUOUS,
             f"Model {name!r} names both a catalog model and a deployment; ask staff to rename one.",
         )
     if deployment is not None:
         return ResolvedModel(name, "deployment", deployment.revision, deployment=deployment)
     if catalog is None:
         raise ModelNotUsable(
-            "model_not_found",
+            LineCode.MODEL_NOT_FOUND,
             f"Model {name!r} is neither a catalog model nor one of your deployments.",
         )
     resolved = ResolvedModel(name, "catalog", catalog.revision, catalog=catalog)
     if not resolved.batch_enabled:
         raise ModelNotUsable(
-            "model_not_batch_enabled", f"Catalog model {name!r} is not available for batch."
+            LineCode.MODEL_NOT_BATCH_ENABLED, f"Catalog model {name!r} is not available for batch."
         )
     return resolved
 

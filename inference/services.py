@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import transaction
 
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import Conflict, InvalidRequest
 from boardwalk.models import Organization
 from inference.models import MODALITIES, CatalogModel, Deployment, ModelRevision
@@ -21,7 +22,7 @@ def revision_create(**fields: Any) -> ModelRevision:
     if unknown:
         raise InvalidRequest(
             f"modalities are any of text, image, audio; got {sorted(revision.modalities)}",
-            code="invalid_modalities",
+            code=ErrorCode.INVALID_MODALITIES,
             param="modalities",
         )
     media = set(revision.modalities) - {"text"}
@@ -30,7 +31,7 @@ def revision_create(**fields: Any) -> ModelRevision:
         raise InvalidRequest(
             f"the revision cannot publish {', '.join(sorted(missing))}: its model and processor "
             "do not handle it",
-            code="unsupported_modality",
+            code=ErrorCode.UNSUPPORTED_MODALITY,
             param="modalities",
         )
     revision.save(force_insert=True)
@@ -54,7 +55,7 @@ def catalog_model_create(
 ) -> CatalogModel:
     """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch."""
     if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
     price_input, price_cached, price_output = prices or (0, 0, 0)
     return CatalogModel.objects.create(
         name=name,
@@ -77,7 +78,7 @@ def deployment_create(
     *, org: Organization, name: str, revision: ModelRevision, gpu_second_price: int
 ) -> Deployment:
     if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code="name_taken")
+        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
     return Deployment.objects.create(
         org=org, name=name, revision=revision, gpu_second_price=gpu_second_price
     )

@@ -8,6 +8,7 @@ from typing import Any
 from django.db import transaction
 
 from boardwalk import outbound
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from boardwalk.ids import new_id
 from boardwalk.models import Organization
@@ -25,17 +26,17 @@ def _check_url(url: Any) -> str:
     if not isinstance(url, str) or not url or len(url) > MAX_URL_LENGTH:
         raise InvalidRequest(
             f"url must be an https URL of at most {MAX_URL_LENGTH} characters.",
-            code="invalid_webhook_url",
+            code=ErrorCode.INVALID_WEBHOOK_URL,
             param="url",
         )
     try:
         scheme, host, port = outbound.parse_target(url)
     except outbound.OutboundRefused as exc:
         raise InvalidRequest(
-            f"url is not usable: {exc}.", code="invalid_webhook_url", param="url"
+            f"url is not usable: {exc}.", code=ErrorCode.INVALID_WEBHOOK_URL, param="url"
         ) from exc
     if scheme != "https" and (host, port) not in outbound.allowed_targets():
-        raise InvalidRequest("url must use https.", code="invalid_webhook_url", param="url")
+        raise InvalidRequest("url must use https.", code=ErrorCode.INVALID_WEBHOOK_URL, param="url")
     # The address is checked at each delivery (after DNS), not here: a name can move.
     return url
 
@@ -50,7 +51,7 @@ def _check_events(events: Any) -> list[str]:
     ):
         raise InvalidRequest(
             f"events must be a non-empty list drawn from {', '.join(EVENT_TYPES)}.",
-            code="invalid_webhook_events",
+            code=ErrorCode.INVALID_WEBHOOK_EVENTS,
             param="events",
         )
     return sorted(set(events), key=EVENT_TYPES.index)
@@ -68,7 +69,7 @@ def webhook_endpoint_create(
         raise InvalidRequest(
             f"An organization has at most {MAX_ENDPOINTS_PER_ORG} webhook endpoints; delete "
             "one first.",
-            code="too_many_webhook_endpoints",
+            code=ErrorCode.TOO_MANY_WEBHOOK_ENDPOINTS,
         )
     key = signing.new_key()
     key_id, wrapped = Keyring.current().wrap(key)

@@ -7,6 +7,7 @@ from rest_framework.views import APIView
 
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
+from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_for_org
 from webhooks.serializers import endpoint_payload
@@ -22,12 +23,14 @@ class WebhookEndpointCollectionView(APIView):
     def post(self, request: Any) -> Response:
         body = request.data
         if not isinstance(body, dict):
-            raise InvalidRequest("The request body must be a JSON object.", code="invalid_body")
+            raise InvalidRequest(
+                "The request body must be a JSON object.", code=ErrorCode.INVALID_BODY
+            )
         unknown = sorted(set(body) - _CREATE_FIELDS)
         if unknown:
             raise InvalidRequest(
                 f"Unknown field {unknown[0]!r}; allowed: url, events.",
-                code="unknown_parameter",
+                code=ErrorCode.UNKNOWN_PARAMETER,
                 param=unknown[0],
             )
         endpoint, secret = webhook_endpoint_create(

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 
 from boardwalk import outbound
+from boardwalk.codes import ItemCode
 from boardwalk.metrics import counter_inc
 from inference.engine.chat import MEDIA_PART_TYPES
 from inference.media_decoding import (
@@ -31,9 +32,6 @@ from inference.media_decoding import (
 from inference.media_layout import MediaLayout
 
 logger = logging.getLogger(__name__)
-
-IMAGE_FETCH_FAILED = "image_fetch_failed"
-INVALID_MEDIA = "invalid_media"
 
 
 class MediaError(Exception):
@@ -75,7 +73,7 @@ class MediaResolver:
         ]
         # Counted here, on the prepare thread: the pool threads never touch the database.
         for outcome in resolved:
-            if isinstance(outcome, MediaError) and outcome.code == IMAGE_FETCH_FAILED:
+            if isinstance(outcome, MediaError) and outcome.code == ItemCode.IMAGE_FETCH_FAILED:
                 _count_fetch_failure(outcome.reason)
         return resolved
 
@@ -86,12 +84,14 @@ class MediaResolver:
             return exc
         except Exception as exc:  # whatever a hostile input provokes ends its row only
             logger.warning("media of a row could not be used (%s)", type(exc).__name__)
-            return MediaError(INVALID_MEDIA, "unexpected")
+            return MediaError(ItemCode.INVALID_MEDIA, "unexpected")
 
     def _resolve(self, part: dict[str, Any]) -> DecodedMedia:
         modality = MEDIA_PART_TYPES.get(part.get("type", ""))
         if modality != self.layout.modality:
-            raise MediaError(INVALID_MEDIA, "modality")  # refused at upload; never reaches here
+            raise MediaError(
+                ItemCode.INVALID_MEDIA, "modality"
+            )  # refused at upload; never reaches here
         max_bytes = settings.MEDIA_MAX_BYTES
         try:
             if modality == "image":
@@ -109,7 +109,7 @@ class MediaResolver:
                 )
                 count = self.layout.placeholder_count(len(value))
         except InvalidMedia as exc:
-            raise MediaError(INVALID_MEDIA, "undecodable") from exc
+            raise MediaError(ItemCode.INVALID_MEDIA, "undecodable") from exc
         return DecodedMedia(modality, value, hashlib.sha256(data).digest(), count)
 
     def _image_bytes(self, url: str, max_bytes: int) -> bytes:
@@ -124,9 +124,9 @@ class MediaResolver:
                 timeout=settings.MEDIA_FETCH_TIMEOUT_SECONDS,
             )
         except outbound.OutboundError as exc:
-            raise MediaError(IMAGE_FETCH_FAILED, exc.reason) from exc
+            raise MediaError(ItemCode.IMAGE_FETCH_FAILED, exc.reason) from exc
         if answer.status != 200:
-            raise MediaError(IMAGE_FETCH_FAILED, "status")
+            raise MediaError(ItemCode.IMAGE_FETCH_FAILED, "status")
         return answer.body
 
 

@@ -31,6 +31,7 @@ from batches.lifecycle import batch_fail
 from batches.liveness import worker_id
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.codes import ErrorCode, ItemCode
 from inference.engine.loading import ModelLoadError
 from inference.engine.types import GenerationRequest, GenerationResult
 from inference.media_layout import MediaLayout
@@ -260,7 +261,7 @@ class _Run:
                             completion_tokens=0,
                             cached_tokens=0,
                             busy_seconds=0.0,
-                            error="internal_error",
+                            error=ItemCode.INTERNAL_ERROR,
                         )
                 if len(suspects) > 1 and failures == len(suspects):
                     # Not one request: the engine itself is broken. Stop; whatever is still
@@ -446,7 +447,7 @@ def _fail_batches_of(key: EngineKey, *, message: str) -> set[str]:
     ):
         if batch_fail(
             batch=batch,
-            code="model_load_failed",
+            code=ErrorCode.MODEL_LOAD_FAILED,
             message="The model revision could not be loaded; no further items can run.",
         ):
             failed.add(batch.id)

@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 
-from batches.execution.media import INVALID_MEDIA, DecodedMedia, MediaError, MediaResolver
+from batches.execution.media import DecodedMedia, MediaError, MediaResolver
 from batches.items import EngineKey, items_claim_group
 from batches.models import BatchItem
+from boardwalk.codes import ItemCode
 from files.models import File
 from files.services import file_iter_lines, file_read_range
 from files.validation.sectioned import effective_body
@@ -178,7 +179,7 @@ class Prepare:
         except PlaceholderMismatch:
             # The template lost a part, or a placeholder is quoted where it cannot be escaped.
             logger.info("item %s: invalid_media (placeholders)", item.pk)
-            return Unpreparable(item, INVALID_MEDIA)
+            return Unpreparable(item, ItemCode.INVALID_MEDIA)
         except Exception as exc:
             # The type only: a message could quote the request's content.
             logger.error("item %s could not be prepared: %s", item.pk, type(exc).__name__)

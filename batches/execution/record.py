@@ -17,6 +17,7 @@ import orjson
 from batches.items import ItemOutcome, batches_without_open_items, item_release, items_record
 from batches.models import Batch, BatchItem
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.sealing import seal
@@ -32,7 +33,7 @@ class Finished:
 
     item: BatchItem
     result: GenerationResult | None  # None: could not be prepared (error_code says why)
-    error_code: str = "internal_error"
+    error_code: str = ItemCode.INTERNAL_ERROR
 
 
 @dataclass(frozen=True)

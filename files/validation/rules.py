@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from boardwalk.codes import LineCode
 from boardwalk.outbound import allowed_targets
 from inference.capabilities import (
     HONOURED_FIELDS,
@@ -121,14 +122,16 @@ def check_envelope(obj: dict[str, Any], problems: Problems) -> tuple[str | None,
     for key in TOP_LEVEL_KEYS:
         if key not in obj:
             problems.add(
-                key, "missing_field", f"add {key}; every line needs custom_id, method, url and body"
+                key,
+                LineCode.MISSING_FIELD,
+                f"add {key}; every line needs custom_id, method, url and body",
             )
     for key in obj:
         if key not in TOP_LEVEL_KEYS:
             field = field_path("", key)
             problems.add(
                 field,
-                "unknown_field",
+                LineCode.UNKNOWN_FIELD,
                 f"remove the top-level field {field}; a line holds only custom_id, method, "
                 "url and body",
             )
@@ -136,13 +139,13 @@ def check_envelope(obj: dict[str, Any], problems: Problems) -> tuple[str | None,
     custom_id = check_custom_id(obj, problems) if "custom_id" in obj else None
 
     if "method" in obj and not same(obj["method"], METHOD):
-        problems.add("method", "invalid_method", f'method must be "{METHOD}"')
+        problems.add("method", LineCode.INVALID_METHOD, f'method must be "{METHOD}"')
     if "url" in obj and not same(obj["url"], URL):
-        problems.add("url", "invalid_url", f'url must be "{URL}"')
+        problems.add("url", LineCode.INVALID_URL, f'url must be "{URL}"')
 
     body = obj.get("body")
     if "body" in obj and type(body) is not dict:
-        problems.add("body", "invalid_body", "body must be a JSON object")
+        problems.add("body", LineCode.INVALID_BODY, "body must be a JSON object")
         body = None
     return custom_id, body
 
@@ -151,12 +154,14 @@ def check_custom_id(obj: dict[str, Any], problems: Problems) -> str | None:
     """The shape of `obj["custom_id"]`; uniqueness is the caller's."""
     value = obj["custom_id"]
     if not isinstance(value, str) or not value:
-        problems.add("custom_id", "invalid_custom_id", "custom_id must be a non-empty string")
+        problems.add(
+            "custom_id", LineCode.INVALID_CUSTOM_ID, "custom_id must be a non-empty string"
+        )
         return None
     if (size := len(value.encode())) > MAX_CUSTOM_ID_BYTES:
         problems.add(
             "custom_id",
-            "invalid_custom_id",
+            LineCode.INVALID_CUSTOM_ID,
             f"custom_id is {size} bytes in UTF-8; shorten it to at most {MAX_CUSTOM_ID_BYTES}",
         )
         return None
@@ -166,11 +171,11 @@ def check_custom_id(obj: dict[str, Any], problems: Problems) -> str | None:
 def check_model(body: dict[str, Any], problems: Problems) -> str | None:
     """The shape of body.model; consistency across lines and resolution are the caller's."""
     if "model" not in body:
-        problems.add("body.model", "missing_field", "add body.model, the name of the model")
+        problems.add("body.model", LineCode.MISSING_FIELD, "add body.model, the name of the model")
         return None
     model = body["model"]
     if not isinstance(model, str) or not model:
-        problems.add("body.model", "invalid_model", "body.model must be a non-empty string")
+        problems.add("body.model", LineCode.INVALID_MODEL, "body.model must be a non-empty string")
         return None
     return model
 
@@ -207,16 +212,16 @@ def check_body(
 
 def _check_parameter(key: str, value: Any, field: str) -> tuple[str, str] | None:
     if key not in REFERENCE_FIELDS:
-        return "unknown_parameter", f"{field} is not a Chat Completions parameter; remove it"
+        return LineCode.UNKNOWN_PARAMETER, f"{field} is not a Chat Completions parameter; remove it"
     if key not in HONOURED_FIELDS:
-        return "unsupported_parameter", f"{field} is not supported by this engine; remove it"
+        return LineCode.UNSUPPORTED_PARAMETER, f"{field} is not supported by this engine; remove it"
     if key in NEUTRAL_ONLY:
         allowed = NEUTRAL_ONLY[key]
         if any(same(value, neutral) for neutral in allowed):
             return None
         shown = " or ".join("null" if a is None else str(a).lower() for a in allowed)
         return (
-            "unsupported_parameter",
+            LineCode.UNSUPPORTED_PARAMETER,
             f"{field} is supported by this engine only as {shown}; remove it",
         )
     if value is None:  # the reference's optional parameters are nullable: null means unset
@@ -236,12 +241,12 @@ def _check_max_tokens(
             continue
         field = f"body.{key}"
         if not _is_int(value) or value <= 0:
-            problems.add(field, "invalid_max_tokens", f"{field} must be a positive integer")
+            problems.add(field, LineCode.INVALID_MAX_TOKENS, f"{field} must be a positive integer")
             valid = False
         elif target is not None and value > target.context_length:
             problems.add(
                 field,
-                "max_tokens_exceeds_context",
+                LineCode.MAX_TOKENS_EXCEEDS_CONTEXT,
                 f"{field} must be at most {target.context_length}, the model's context length",
             )
             valid = False
@@ -252,14 +257,14 @@ def _check_max_tokens(
     if not values:
         problems.add(
             "body.max_completion_tokens",
-            "missing_max_tokens",
+            LineCode.MISSING_MAX_TOKENS,
             "add body.max_completion_tokens (or body.max_tokens): the most tokens to generate",
         )
         return None
     if len(values) == 2 and values["max_tokens"] != values["max_completion_tokens"]:
         problems.add(
             "body.max_tokens",
-            "conflicting_max_tokens",
+            LineCode.CONFLICTING_MAX_TOKENS,
             "body.max_tokens and body.max_completion_tokens differ; keep only one of them",
         )
         return None
@@ -271,13 +276,15 @@ def _check_max_tokens(
 
 def _check_messages(body: dict[str, Any], target: ModelTarget | None, problems: Problems) -> None:
     if "messages" not in body:
-        problems.add("body.messages", "missing_field", "add body.messages, a list of messages")
+        problems.add(
+            "body.messages", LineCode.MISSING_FIELD, "add body.messages, a list of messages"
+        )
         return
     messages = body["messages"]
     if type(messages) is not list or not messages:
         problems.add(
             "body.messages",
-            "invalid_messages",
+            LineCode.INVALID_MESSAGES,
             "body.messages must be a non-empty list of messages",
         )
         return
@@ -287,14 +294,20 @@ def _check_messages(body: dict[str, Any], target: ModelTarget | None, problems: 
 
 def _check_message(message: Any, path: str, target: ModelTarget | None, problems: Problems) -> None:
     if type(message) is not dict:
-        problems.add(path, "invalid_message", f"{path} must be an object with a role and a content")
+        problems.add(
+            path, LineCode.INVALID_MESSAGE, f"{path} must be an object with a role and a content"
+        )
         return
     role = message.get("role")
     if "role" not in message:
-        problems.add(f"{path}.role", "missing_field", f"add {path}.role, one of {_ROLE_LIST}")
+        problems.add(
+            f"{path}.role", LineCode.MISSING_FIELD, f"add {path}.role, one of {_ROLE_LIST}"
+        )
         role = None
     elif not isinstance(role, str) or role not in ROLES:
-        problems.add(f"{path}.role", "invalid_role", f"{path}.role must be one of {_ROLE_LIST}")
+        problems.add(
+            f"{path}.role", LineCode.INVALID_ROLE, f"{path}.role must be one of {_ROLE_LIST}"
+        )
         role = None
 
     for key, value in message.items():
@@ -303,25 +316,27 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
         field = field_path(path, key)
         if key == "name" or (key == "tool_call_id" and role == "tool"):
             if not isinstance(value, str) or not value:
-                problems.add(field, "invalid_message", f"{field} must be a non-empty string")
+                problems.add(field, LineCode.INVALID_MESSAGE, f"{field} must be a non-empty string")
         elif key == "tool_calls" and role == "assistant":
             _check_history_calls(value, field, problems)
         else:
             problems.add(
                 field,
-                "unknown_field",
+                LineCode.UNKNOWN_FIELD,
                 f"remove {field}; a message holds role, content and optionally name "
                 "(tool messages: tool_call_id; assistant messages: tool_calls)",
             )
     if role == "tool" and "tool_call_id" not in message:
         problems.add(
-            f"{path}.tool_call_id", "missing_field", f"add {path}.tool_call_id to the tool message"
+            f"{path}.tool_call_id",
+            LineCode.MISSING_FIELD,
+            f"add {path}.tool_call_id to the tool message",
         )
 
     if role == "assistant" and "tool_calls" in message and message.get("content") is None:
         return  # an assistant turn that only called tools has no content
     if "content" not in message:
-        problems.add(f"{path}.content", "missing_field", f"add {path}.content")
+        problems.add(f"{path}.content", LineCode.MISSING_FIELD, f"add {path}.content")
         return
     content = message["content"]
     if isinstance(content, str):
@@ -329,7 +344,7 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
     if type(content) is not list or not content:
         problems.add(
             f"{path}.content",
-            "invalid_content",
+            LineCode.INVALID_CONTENT,
             f"{path}.content must be a string or a non-empty list of content parts",
         )
         return
@@ -340,7 +355,9 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
 def _check_history_calls(calls: Any, path: str, problems: Problems) -> None:
     """`tool_calls` of an assistant message in the input history."""
     if type(calls) is not list or not calls:
-        problems.add(path, "invalid_message", f"{path} must be a non-empty list of tool calls")
+        problems.add(
+            path, LineCode.INVALID_MESSAGE, f"{path} must be a non-empty list of tool calls"
+        )
         return
     for index, call in enumerate(calls):
         where = f"{path}[{index}]"
@@ -357,7 +374,7 @@ def _check_history_calls(calls: Any, path: str, problems: Problems) -> None:
         ):
             problems.add(
                 where,
-                "invalid_message",
+                LineCode.INVALID_MESSAGE,
                 f'{where} must be {{"id", "type": "function", "function": '
                 '{"name", "arguments"}}, with string id, name and arguments',
             )
@@ -367,13 +384,15 @@ def _check_part(
     part: Any, path: str, role: str | None, target: ModelTarget | None, problems: Problems
 ) -> None:
     if type(part) is not dict:
-        problems.add(path, "invalid_content_part", f"{path} must be an object with a type")
+        problems.add(path, LineCode.INVALID_CONTENT_PART, f"{path} must be an object with a type")
         return
     kind = part.get("type")
     if kind == "text":
         _check_part_keys(part, path, "text", problems)
         if "text" in part and not isinstance(part["text"], str):
-            problems.add(f"{path}.text", "invalid_content_part", f"{path}.text must be a string")
+            problems.add(
+                f"{path}.text", LineCode.INVALID_CONTENT_PART, f"{path}.text must be a string"
+            )
         return
     if kind == "image_url":
         modality, noun = "image", "images"
@@ -382,7 +401,7 @@ def _check_part(
     else:
         problems.add(
             f"{path}.type",
-            "invalid_content_part",
+            LineCode.INVALID_CONTENT_PART,
             f"{path}.type must be one of {', '.join(PART_TYPES)}",
         )
         return
@@ -390,14 +409,14 @@ def _check_part(
     if target is not None and modality not in target.media:
         problems.add(
             path,
-            "unsupported_modality",
+            LineCode.UNSUPPORTED_MODALITY,
             f"{path} is {'an image' if modality == 'image' else 'audio'}, but the model does "
             f"not accept {noun} in batch; remove it or choose a model that does",
         )
         return
     if role is not None and role != "user":
         problems.add(
-            path, "invalid_content_part", f"{path}: {noun} are allowed only in user messages"
+            path, LineCode.INVALID_CONTENT_PART, f"{path}: {noun} are allowed only in user messages"
         )
         return
     _check_part_keys(part, path, kind, problems)
@@ -415,37 +434,39 @@ def _check_part_keys(part: dict[str, Any], path: str, kind: str, problems: Probl
             field = field_path(path, key)
             problems.add(
                 field,
-                "invalid_content_part",
+                LineCode.INVALID_CONTENT_PART,
                 f"remove {field}; a {kind} part holds type and {kind}",
             )
     if kind not in part:
-        problems.add(f"{path}.{kind}", "invalid_content_part", f"add {path}.{kind}")
+        problems.add(f"{path}.{kind}", LineCode.INVALID_CONTENT_PART, f"add {path}.{kind}")
 
 
 def _check_image(image: Any, path: str, problems: Problems) -> None:
     if type(image) is not dict:
-        problems.add(path, "invalid_content_part", f"{path} must be an object with a url")
+        problems.add(path, LineCode.INVALID_CONTENT_PART, f"{path} must be an object with a url")
         return
     for key in image:
         if key not in ("url", "detail"):
             field = field_path(path, key)
             problems.add(
-                field, "invalid_content_part", f"remove {field}; image_url holds url and detail"
+                field,
+                LineCode.INVALID_CONTENT_PART,
+                f"remove {field}; image_url holds url and detail",
             )
     detail = image.get("detail")
     if detail is not None and (not isinstance(detail, str) or detail not in IMAGE_DETAILS):
         problems.add(
             f"{path}.detail",
-            "invalid_content_part",
+            LineCode.INVALID_CONTENT_PART,
             f"{path}.detail must be one of {', '.join(IMAGE_DETAILS)}",
         )
     url = image.get("url")
     if not isinstance(url, str):
-        problems.add(f"{path}.url", "invalid_image_url", f"{path}.url must be a string")
+        problems.add(f"{path}.url", LineCode.INVALID_IMAGE_URL, f"{path}.url must be a string")
     elif not _is_image_url(url):
         problems.add(
             f"{path}.url",
-            "invalid_image_url",
+            LineCode.INVALID_IMAGE_URL,
             f"{path}.url must be a data:image/<type>;base64,<data> URL or an https:// URL",
         )
     elif url[:5].lower() == "data:":
@@ -458,7 +479,7 @@ def _check_media_size(encoded: str, path: str, problems: Problems) -> None:
     if len(encoded) // 4 * 3 > limit + 64:  # 64: the data URL's prefix, generously
         problems.add(
             path,
-            "media_too_large",
+            LineCode.MEDIA_TOO_LARGE,
             f"{path} is larger than {limit} bytes once decoded; send a smaller file",
         )
 
@@ -484,18 +505,24 @@ def _is_image_url(url: str) -> bool:
 
 def _check_audio(audio: Any, path: str, problems: Problems) -> None:
     if type(audio) is not dict:
-        problems.add(path, "invalid_content_part", f"{path} must be an object with data and format")
+        problems.add(
+            path, LineCode.INVALID_CONTENT_PART, f"{path} must be an object with data and format"
+        )
         return
     for key in audio:
         if key not in ("data", "format"):
             field = field_path(path, key)
             problems.add(
-                field, "invalid_content_part", f"remove {field}; input_audio holds data and format"
+                field,
+                LineCode.INVALID_CONTENT_PART,
+                f"remove {field}; input_audio holds data and format",
             )
     data = audio.get("data")
     if not isinstance(data, str) or not _is_base64(data):
         problems.add(
-            f"{path}.data", "invalid_content_part", f"{path}.data must be base64-encoded audio"
+            f"{path}.data",
+            LineCode.INVALID_CONTENT_PART,
+            f"{path}.data must be base64-encoded audio",
         )
     else:
         _check_media_size(data, f"{path}.data", problems)
@@ -503,7 +530,7 @@ def _check_audio(audio: Any, path: str, problems: Problems) -> None:
     if not isinstance(audio_format, str) or audio_format not in AUDIO_FORMATS:
         problems.add(
             f"{path}.format",
-            "invalid_content_part",
+            LineCode.INVALID_CONTENT_PART,
             f"{path}.format must be one of {', '.join(AUDIO_FORMATS)}",
         )
 
@@ -514,7 +541,7 @@ ParameterCheck = Callable[[Any, str], "tuple[str, str] | None"]
 
 
 def _invalid(message: str) -> tuple[str, str]:
-    return "invalid_parameter", message
+    return LineCode.INVALID_PARAMETER, message
 
 
 def _number_check(low: float, high: float, *, low_open: bool = False) -> ParameterCheck:
@@ -641,7 +668,7 @@ def _check_tools(value: Any, field: str) -> tuple[str, str] | None:
         where = f"{field}[{index}]"
         if type(tool) is not dict or tool.get("type") != "function":
             return (
-                "unsupported_parameter",
+                LineCode.UNSUPPORTED_PARAMETER,
                 f'{where} must be a function tool ({{"type": "function", "function": ...}}); '
                 "other tool types are not supported",
             )
@@ -724,7 +751,7 @@ def _check_structured(
     ):
         problems.add(
             "body.top_logprobs",
-            "invalid_parameter",
+            LineCode.INVALID_PARAMETER,
             "body.top_logprobs needs body.logprobs set to true",
         )
 
@@ -735,12 +762,14 @@ def _check_structured(
         for key in ("tool_choice", "parallel_tool_calls"):
             if body.get(key) is not None and f"body.{key}" not in failed:
                 problems.add(
-                    f"body.{key}", "invalid_parameter", f"body.{key} needs body.tools; add tools"
+                    f"body.{key}",
+                    LineCode.INVALID_PARAMETER,
+                    f"body.{key} needs body.tools; add tools",
                 )
     elif tools_ok and target is not None and not target.tool_call_format:
         problems.add(
             "body.tools",
-            "unsupported_parameter",
+            LineCode.UNSUPPORTED_PARAMETER,
             "body.tools: this model's chat template has no tool-call format, so it cannot "
             "take tools; remove them or choose a model that supports tools",
         )
@@ -750,7 +779,7 @@ def _check_structured(
         if choice["function"]["name"] not in names:
             problems.add(
                 "body.tool_choice",
-                "invalid_parameter",
+                LineCode.INVALID_PARAMETER,
                 "body.tool_choice names a function that is not in body.tools",
             )
 
@@ -776,5 +805,5 @@ def _check_structured(
         try:
             check_grammar(part, tool_call_format=tool_format)
         except GrammarError as exc:
-            code = "unsupported_parameter" if exc.unsupported else "invalid_parameter"
+            code = LineCode.UNSUPPORTED_PARAMETER if exc.unsupported else LineCode.INVALID_PARAMETER
             problems.add(field, code, f"{field}: {exc.message}")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from boardwalk.codes import LineCode
+
 from . import rules
 
 FORMAT = "batchrouter.sectioned.v1"
@@ -50,10 +52,12 @@ def check_header(obj: dict[str, Any], problems: rules.Problems) -> None:
         if key not in HEADER_KEYS:
             field = rules.field_path("", key)
             problems.add(
-                field, "unknown_field", f"remove {field}; the header holds only type and format"
+                field,
+                LineCode.UNKNOWN_FIELD,
+                f"remove {field}; the header holds only type and format",
             )
     if obj.get("format") != FORMAT:
-        problems.add("format", "invalid_format", f'the header\'s format must be "{FORMAT}"')
+        problems.add("format", LineCode.INVALID_FORMAT, f'the header\'s format must be "{FORMAT}"')
 
 
 def check_section(obj: dict[str, Any], problems: rules.Problems) -> tuple[str | None, dict | None]:
@@ -62,11 +66,13 @@ def check_section(obj: dict[str, Any], problems: rules.Problems) -> tuple[str | 
     section_id = _check_section_id(obj, problems)
     body = obj.get("body")
     if "body" in obj and type(body) is not dict:
-        problems.add("body", "invalid_body", "body must be a JSON object")
+        problems.add("body", LineCode.INVALID_BODY, "body must be a JSON object")
         body = None
     elif body is not None and "messages" in body and type(body["messages"]) is not list:
         problems.add(
-            "body.messages", "invalid_messages", "a section's messages must be a list (a prefix)"
+            "body.messages",
+            LineCode.INVALID_MESSAGES,
+            "a section's messages must be a list (a prefix)",
         )
         body = None
     return section_id, body
@@ -79,13 +85,13 @@ def check_request(
     _check_keys(obj, REQUEST_KEYS, ("custom_id", "body"), "a request", problems)
     custom_id = rules.check_custom_id(obj, problems) if "custom_id" in obj else None
     if "method" in obj and not rules.same(obj["method"], rules.METHOD):
-        problems.add("method", "invalid_method", f'method must be "{rules.METHOD}"')
+        problems.add("method", LineCode.INVALID_METHOD, f'method must be "{rules.METHOD}"')
     if "url" in obj and not rules.same(obj["url"], rules.URL):
-        problems.add("url", "invalid_url", f'url must be "{rules.URL}"')
+        problems.add("url", LineCode.INVALID_URL, f'url must be "{rules.URL}"')
     section_id = _check_section_id(obj, problems) if "section_id" in obj else None
     body = obj.get("body")
     if "body" in obj and type(body) is not dict:
-        problems.add("body", "invalid_body", "body must be a JSON object")
+        problems.add("body", LineCode.INVALID_BODY, "body must be a JSON object")
         body = None
     return custom_id, section_id, body
 
@@ -99,13 +105,13 @@ def _check_keys(
 ) -> None:
     for key in required:
         if key not in obj:
-            problems.add(key, "missing_field", f"add {key}; every {what[2:]} line needs it")
+            problems.add(key, LineCode.MISSING_FIELD, f"add {key}; every {what[2:]} line needs it")
     for key in obj:
         if key not in allowed:
             field = rules.field_path("", key)
             problems.add(
                 field,
-                "unknown_field",
+                LineCode.UNKNOWN_FIELD,
                 f"remove the field {field}; {what} line holds only {', '.join(allowed)}",
             )
 
@@ -113,12 +119,14 @@ def _check_keys(
 def _check_section_id(obj: dict[str, Any], problems: rules.Problems) -> str | None:
     value = obj.get("section_id")
     if not isinstance(value, str) or not value:
-        problems.add("section_id", "invalid_section_id", "section_id must be a non-empty string")
+        problems.add(
+            "section_id", LineCode.INVALID_SECTION_ID, "section_id must be a non-empty string"
+        )
         return None
     if len(value.encode()) > MAX_SECTION_ID_BYTES:
         problems.add(
             "section_id",
-            "invalid_section_id",
+            LineCode.INVALID_SECTION_ID,
             f"section_id may be at most {MAX_SECTION_ID_BYTES} bytes in UTF-8",
         )
         return None

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from boardwalk.codes import LineCode
+
 from . import rules, sectioned
 from .lines import Line, LineSplitter
 from .report import (
@@ -94,16 +96,21 @@ class InputValidator:
             self._check_line(last)
         count = self._splitter.line_count
         if count == 0:
-            self._error(0, "", "empty_file", "The file is empty; add at least one request line")
+            self._error(
+                0, "", LineCode.EMPTY_FILE, "The file is empty; add at least one request line"
+            )
         elif self._format is not None and self._requests == 0 and count <= self._max_lines:
             self._error(
-                0, "", "empty_file", "The file has no request lines; add at least one request"
+                0,
+                "",
+                LineCode.EMPTY_FILE,
+                "The file has no request lines; add at least one request",
             )
         elif count > self._max_lines:
             self._error(
                 self._max_lines + 1,
                 "",
-                "too_many_lines",
+                LineCode.TOO_MANY_LINES,
                 f"Line {self._max_lines + 1}: the file has {count} lines; at most "
                 f"{self._max_lines} are allowed, so split it into several files",
             )
@@ -127,13 +134,13 @@ class InputValidator:
             self._error(
                 number,
                 "",
-                "line_too_large",
+                LineCode.LINE_TOO_LARGE,
                 f"Line {number}: the line is {line.length} bytes; a line may hold at most "
                 f"{self._max_line_bytes} bytes",
             )
             return
         if line.length == 0:
-            self._error(number, "", "blank_line", f"Line {number}: remove the blank line")
+            self._error(number, "", LineCode.BLANK_LINE, f"Line {number}: remove the blank line")
             return
         data = line.data
         # A line within one read is a view of it; a copy of at most a read lets bytes methods run.
@@ -142,7 +149,7 @@ class InputValidator:
             self._error(
                 number,
                 "",
-                "too_many_values",
+                LineCode.TOO_MANY_VALUES,
                 f"Line {number}: the line holds more than {MAX_LINE_VALUES} JSON values; a "
                 "request needs far fewer",
             )
@@ -154,7 +161,7 @@ class InputValidator:
             return
         if type(obj) is not dict:
             self._error(
-                number, "", "not_an_object", f"Line {number}: the line must be a JSON object"
+                number, "", LineCode.NOT_AN_OBJECT, f"Line {number}: the line must be a JSON object"
             )
             return
         if has_duplicate_keys(text, obj):
@@ -164,7 +171,7 @@ class InputValidator:
             self._error(
                 number,
                 field,
-                "duplicate_key",
+                LineCode.DUPLICATE_KEY,
                 f"Line {number}: {shown} appears twice in one object; keep only one",
             )
             return
@@ -197,7 +204,7 @@ class InputValidator:
             if earlier != number:
                 problems.add(
                     "custom_id",
-                    "duplicate_custom_id",
+                    LineCode.DUPLICATE_CUSTOM_ID,
                     f"custom_id is already used on line {earlier}; make each custom_id "
                     "unique in the file",
                 )
@@ -248,11 +255,13 @@ class InputValidator:
             self._check_request(line, problems, custom_id, body, section)
             return
         elif kind == "header":
-            problems.add("type", "misplaced_header", "the header belongs on the first line only")
+            problems.add(
+                "type", LineCode.MISPLACED_HEADER, "the header belongs on the first line only"
+            )
         else:
             problems.add(
                 "type",
-                "invalid_line_type",
+                LineCode.INVALID_LINE_TYPE,
                 'type must be "section" or "request" (the header is the first line)',
             )
         self._report(line.number, problems)
@@ -264,7 +273,7 @@ class InputValidator:
         if section_id is not None and section_id in self._sections:
             problems.add(
                 "section_id",
-                "duplicate_section_id",
+                LineCode.DUPLICATE_SECTION_ID,
                 f"section_id is already used on line {self._sections[section_id].line}; "
                 "make each section_id unique in the file",
             )
@@ -272,7 +281,7 @@ class InputValidator:
         if self._section_bytes > sectioned.MAX_SECTION_BYTES:
             problems.add(
                 "",
-                "sections_too_large",
+                LineCode.SECTIONS_TOO_LARGE,
                 f"the sections of this file hold more than {sectioned.MAX_SECTION_BYTES} bytes "
                 "in all; split the file",
             )
@@ -288,7 +297,7 @@ class InputValidator:
             if section is None:
                 problems.add(
                     "section_id",
-                    "unknown_section",
+                    LineCode.UNKNOWN_SECTION,
                     "section_id names no section defined above this line; define each section "
                     "before the requests that use it",
                 )
@@ -298,7 +307,7 @@ class InputValidator:
             if section is None:
                 problems.add(
                     "section_id",
-                    "missing_section",
+                    LineCode.MISSING_SECTION,
                     "this request has no section: add a section line above it or give its "
                     "section_id",
                 )
@@ -306,7 +315,7 @@ class InputValidator:
         if section.body is None:
             problems.add(
                 "section_id",
-                "invalid_section",
+                LineCode.INVALID_SECTION,
                 f"the request's section (line {section.line}) has errors; fix that line first",
             )
         return section
@@ -325,7 +334,7 @@ class InputValidator:
             shown = f' ("{self._model}")' if _PLAIN_MODEL.fullmatch(self._model) else ""
             problems.add(
                 "body.model",
-                "model_mismatch",
+                LineCode.MODEL_MISMATCH,
                 f"body.model differs from line {self._model_line}{shown}; every line must "
                 "use the same model",
             )
@@ -339,7 +348,7 @@ class InputValidator:
             self._error(
                 number,
                 "",
-                "invalid_json",
+                LineCode.INVALID_JSON,
                 f"Line {number}: the file starts with a byte order mark (BOM); save it as UTF-8 "
                 "without a BOM",
             )
@@ -351,18 +360,18 @@ class InputValidator:
             self._error(
                 number,
                 "",
-                "invalid_utf8",
+                LineCode.INVALID_UTF8,
                 f"Line {number}: byte {decode_error.start + 1} of the line is not valid UTF-8; "
                 "save the file as UTF-8",
             )
             return
         if not text.strip():
-            self._error(number, "", "blank_line", f"Line {number}: remove the blank line")
+            self._error(number, "", LineCode.BLANK_LINE, f"Line {number}: remove the blank line")
             return
         self._error(
             number,
             "",
-            "invalid_json",
+            LineCode.INVALID_JSON,
             f"Line {number}: the line is not valid JSON (error at character {exc.pos + 1}); "
             "each line must be one complete JSON object",
         )

@@ -861,7 +861,7 @@ def _to(values: list[Any], device: torch.device) -> torch.Tensor:
 
 def _prompt_digests(request: GenerationRequest, block_size: int) -> list[bytes]:
     """Digests of the prompt's full blocks, each chained to the one before it."""
-    prompt, digests = request.prompt_ids, []
+    prompt, digests = request.prompt_ids, list[bytes]()
     for lo in range(0, len(prompt) - block_size + 1, block_size):
         hi = lo + block_size
         parent = digests[-1] if digests else b""

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from boardwalk.codes import ItemCode
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
-ERROR_CONTEXT_LENGTH = "context_length_exceeded"
-ERROR_INVALID_REQUEST = "invalid_request"
+ERROR_CONTEXT_LENGTH = ItemCode.CONTEXT_LENGTH_EXCEEDED
+ERROR_INVALID_REQUEST = ItemCode.INVALID_REQUEST
 # Something failed inside the engine for this request only (its prompt, sampling or decoding
 # raised); the other requests in flight were not affected.
-ERROR_INTERNAL = "internal_error"
+ERROR_INTERNAL = ItemCode.INTERNAL_ERROR
 
 
 @dataclass(frozen=True)

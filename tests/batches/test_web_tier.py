@@ -13,7 +13,7 @@ import json, sys, django
 django.setup()
 from django.urls import get_resolver
 get_resolver().url_patterns  # import every view module the URL conf names
-import batches.services, batches.views, files.views
+import batches.services, batches.views, files.views, files.counting, files.tasks
 from inference.chat_completions import prompt_ids
 from inference.tokenization import chat_tokenizer_for
 print(json.dumps(sorted(m for m in ("torch", "transformers") if m in sys.modules)))

@@ -1,0 +1,91 @@
+"""Prompt tokens of an input file, counted by a worker right after the upload (issue 6).
+
+Tokenizing costs about half a second per MB, so it stays off the upload's answer: the upload
+stores the file and enqueues `files.tasks.file_count_tokens`, which calls
+`file_count_prompt_tokens`. Acceptance and estimate use the stored counts when they are for
+the revision they pin, and count the file themselves (`file_prompt_tokens`, the same loop)
+when they are not there yet, the count failed, or the serving revision has moved on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from boardwalk.errors import ServiceUnavailable
+from files.crypto import CryptoError
+from files.models import File
+from files.services import file_iter_bodies, line_index_span
+from inference.chat_completions import prompt_ids
+from inference.selectors import ModelNotUsable, model_resolve
+from inference.tokenization import chat_tokenizer_for
+
+logger = logging.getLogger(__name__)
+
+
+def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str, Any], int]]:
+    """Each line's effective request body and its prompt tokens, in `line_index` order.
+
+    The one loop that counts a file, for acceptance and the background count alike, so the two
+    always agree. One sequential decrypting pass (sectioned files: section prefix + request,
+    SPEC §4.2); memory holds one line. Raises what the reader raises for a file deleted or
+    unreadable meanwhile (KeyDestroyed, ServiceUnavailable).
+    """
+    spans = [line_index_span(row) for row in file.line_index or []]
+    for body in file_iter_bodies(file=file, spans=spans):
+        yield body, len(prompt_ids(tokenizer, body))
+
+
+def file_count_prompt_tokens(*, file_id: str) -> bool:
+    """Count an input file's prompt tokens for its model's serving revision now, and store them.
+
+    True when this call stored them. False, with nothing written, when there is nothing to do
+    or it cannot be done: the file is gone, deleted, already counted or already accepted (its
+    batch counted it), its model no longer resolves, or its content cannot be read or counted.
+    Acceptance counts whatever is left uncounted, so False costs only that. Safe to repeat:
+    the counts are stored by a compare-and-set on `prompt_tokens` still null. Database errors
+    propagate (the actor's bounded retries).
+    """
+    file = (
+        File.objects.select_related("org")
+        .filter(
+            id=file_id,
+            purpose=File.Purpose.BATCH,
+            status=File.Status.PROCESSED,
+            prompt_tokens__isnull=True,
+            batch__isnull=True,
+        )
+        .first()
+    )
+    if file is None or file.wrapped_key is None:
+        return False
+    try:
+        # The same resolution as the upload's and acceptance's (the file knows its org and
+        # model): the serving revision of this moment, which acceptance pins unless it moves.
+        revision = model_resolve(org=file.org, name=file.model).revision
+    except ModelNotUsable:
+        logger.info("prompt tokens of %s not counted: its model does not resolve", file.id)
+        return False
+    try:
+        tokenizer = chat_tokenizer_for(revision)
+        counts = [tokens for _, tokens in file_prompt_tokens(file=file, tokenizer=tokenizer)]
+    except (CryptoError, ServiceUnavailable) as exc:
+        # A delete landed meanwhile (key destroyed, blob gone) or storage is unreadable.
+        logger.info("prompt tokens of %s not counted: %s", file.id, type(exc).__name__)
+        return False
+    except Exception as exc:
+        # The type only: a template's or parser's message can quote the prompt. Not re-raised:
+        # the same content fails the same way on a retry, and acceptance counts it anyway.
+        logger.warning(
+            "prompt tokens of %s not counted for %s: %s", file.id, revision.id, type(exc).__name__
+        )
+        return False
+    stored = File.objects.filter(
+        id=file.id, status=File.Status.PROCESSED, prompt_tokens__isnull=True
+    ).update(prompt_tokens=counts, prompt_tokens_revision=revision.id)
+    if stored:
+        logger.info(
+            "prompt tokens of %s counted for %s: %s lines", file.id, revision.id, len(counts)
+        )
+    return bool(stored)
