@@ -13,6 +13,8 @@ from boardwalk.services import api_key_create, api_key_revoke
 admin.site.site_header = "Boardwalk console"
 admin.site.site_title = "Boardwalk"
 admin.site.index_title = "Operations"
+# Links to the staff console (usage dashboard, workers) above the model lists.
+admin.site.index_template = "admin/boardwalk_index.html"
 
 
 class ApiKeyInline(admin.TabularInline):

@@ -70,12 +70,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "chartkick.django",  # static Chart.js + Chartkick.js for the usage dashboard (no CDN)
     "boardwalk",
     "inference",
     "files",
     "billing",
     "batches",
     "webhooks",
+    "console",
 ]
 
 MIDDLEWARE = [
