@@ -44,7 +44,16 @@ def _charts(d: UsageDashboard) -> dict[str, Any]:
     ]
     return {
         "tokens": LineChart(tokens, height="260px"),
-        "gpu": ColumnChart({r.label: round(r.gpu_seconds, 3) for r in d.series}, height="260px"),
+        # Columns are categories, not a time axis: short labels read better than ISO times.
+        "gpu": ColumnChart(
+            {
+                r.key.strftime("%m-%d %H:00" if d.period.hourly else "%Y-%m-%d"): round(
+                    r.gpu_seconds, 3
+                )
+                for r in d.series
+            },
+            height="260px",
+        ),
         "spend": LineChart(
             [{"name": org, "data": data} for org, data in d.spend_series_by_org.items()],
             height="260px",
