@@ -109,3 +109,11 @@ def test_dashboard_query_count_is_bounded(staff, seeded: Seeded, django_assert_m
 def test_admin_index_links_the_console(staff):
     page = staff.get("/admin/").content.decode()
     assert 'href="/admin/usage/"' in page and 'href="/admin/workers/"' in page
+
+
+def test_the_chart_assets_are_served_by_the_app_itself(client):
+    # No CDN and no separate web server: `make run` serves them (WhiteNoise).
+    for asset in ("/static/chartkick/Chart.bundle.js", "/static/chartkick/chartkick.js"):
+        response = client.get(asset)
+        assert response.status_code == 200, asset
+        assert b"".join(response.streaming_content)[:1]
