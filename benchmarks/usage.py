@@ -53,8 +53,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument(
+        "--reuse",
+        metavar="DIR",
+        help="time again on the SQLite data dir of an earlier run (PostgreSQL: BENCH_REUSE=1)",
+    )
     args = parser.parse_args()
-    scratch = tempfile.mkdtemp(prefix="bw-usage-bench-")
+    scratch = args.reuse or tempfile.mkdtemp(prefix="bw-usage-bench-")
     if not os.environ.get("DATABASE_URL"):
         os.environ["BOARDWALK_DATA_DIR"] = scratch
 
@@ -62,12 +67,8 @@ def main() -> None:
 
     django.setup()
     from django.conf import settings
-    from django.contrib.auth.models import User
     from django.core.management import call_command
     from django.db import connection, transaction
-    from django.db.models import Sum
-    from django.db.models.functions import TruncDay
-    from django.test import Client
 
     from billing.metering import UsageFacts, spend_record, usage_record
     from billing.models import UsageEvent, UsageRollup
@@ -78,6 +79,10 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     engine = "PostgreSQL" if settings.IS_POSTGRES else "SQLite"
+    if args.reuse or (settings.IS_POSTGRES and os.environ.get("BENCH_REUSE")):
+        orgs = list(Organization.objects.values_list("id", flat=True))
+        _time_pages(args, engine, orgs, scratch)
+        return
     if UsageEvent.objects.exists():
         sys.exit("the database already holds usage events: use a scratch database")
 
@@ -132,9 +137,24 @@ def main() -> None:
     events = UsageEvent.objects.count()
     rollups = UsageRollup.objects.count()
     print(f"{engine}: seeded {events:,} events ({rollups:,} rollup rows) in {seed_s:.0f} s")
+    _time_pages(args, engine, orgs, scratch)
+
+
+def _time_pages(args: argparse.Namespace, engine: str, orgs: list[str], scratch: str) -> None:
+    from django.contrib.auth.models import User
+    from django.db.models import Sum
+    from django.db.models.functions import TruncDay
+    from django.test import Client
+
+    from billing.models import UsageEvent, UsageRollup
+    from boardwalk import clock
+
+    events, rollups = UsageEvent.objects.count(), UsageRollup.objects.count()
+    print(f"{engine}: {events:,} events, {rollups:,} rollup rows")
 
     client = Client()
-    client.force_login(User.objects.create_superuser("bench-staff", "", "unused"))
+    staff = User.objects.filter(username="bench-staff").first()
+    client.force_login(staff or User.objects.create_superuser("bench-staff", "", "unused"))
 
     def render(period: str, org: str = "") -> None:
         query = f"?period={period}" + (f"&org={org}" if org else "")
@@ -162,7 +182,7 @@ def main() -> None:
     median, times = _timed(raw_group_by, min(args.runs, 5))
     label = "raw GROUP BY over events"
     print(f"  {label:28s} median {median:7.1f} ms   runs {[round(t) for t in times]}")
-    print(f"  ({Organization.objects.count()} orgs, {MODELS} models, scratch {scratch})")
+    print(f"  ({len(orgs)} orgs, {MODELS} models, scratch {scratch})")
 
 
 if __name__ == "__main__":

@@ -115,6 +115,11 @@ def _row(key: Any, label: str, values: dict[str, Any], org_id: str = "") -> Usag
     return UsageRow(key, label, org_id=org_id, **{n: int(values.get(n) or 0) for n in SUMS})
 
 
+def _add(into: UsageRow, row: UsageRow) -> None:
+    for name in SUMS:
+        setattr(into, name, getattr(into, name) + getattr(row, name))
+
+
 def _model_labels(keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """Names staff know a (revision, deployment) by: the deployment's name, else the catalog
     names serving the revision now, else the revision's label (3 queries at most)."""
@@ -174,37 +179,35 @@ def queue_health(*, org: Organization | None = None) -> Queue:
 
 def usage_dashboard(*, period: Period, org: Organization | None = None) -> UsageDashboard:
     start, end, rollup = _window(period, org)
-    total = _row("total", "Total", rollup.aggregate(**_sums()))
-
-    by_org_rows = rollup.values("org_id", "org__name").annotate(**_sums()).order_by("org__name")
-    by_org = [_row(r["org_id"], r["org__name"], r, org_id=r["org_id"]) for r in by_org_rows]
-
-    model_rows = list(
-        rollup.values("revision_id", "deployment_id")
-        .annotate(**_sums())
-        .order_by("revision_id", "deployment_id")
-    )
+    # Two GROUP BYs over the rollup, each a few dozen to a few thousand rows back; the
+    # coarser views (total, per org, per model) are folded from them here rather than
+    # scanned again: on SQLite each scan of a month of rollup rows is the page's main cost.
     org_model_rows = list(
-        rollup.values("org_id", "org__name", "revision_id", "deployment_id")
+        rollup.values("org_id", "revision_id", "deployment_id")
         .annotate(**_sums())
-        .order_by("org__name", "revision_id", "deployment_id")
+        .order_by("org_id", "revision_id", "deployment_id")
+    )
+    org_names = dict(
+        Organization.objects.filter(id__in={r["org_id"] for r in org_model_rows}).values_list(
+            "id", "name"
+        )
     )
     labels = _model_labels({(r["revision_id"], r["deployment_id"]) for r in org_model_rows})
-    by_model = []
-    for r in model_rows:
+    total = UsageRow("total", "Total")
+    orgs: dict[str, UsageRow] = {}
+    models: dict[tuple[str, str], UsageRow] = {}
+    by_org_model = []
+    for r in org_model_rows:
         key = (r["revision_id"], r["deployment_id"])
-        by_model.append(_row(key, labels[key], r))
-    by_org_model = [
-        _row(
-            (r["revision_id"], r["deployment_id"]),
-            labels[(r["revision_id"], r["deployment_id"])],
-            r,
-            org_id=r["org_id"],
-        )
-        for r in org_model_rows
-    ]
-    for row, r in zip(by_org_model, org_model_rows, strict=True):
-        row.label = f"{r['org__name']} · {row.label}"
+        name = org_names.get(r["org_id"], r["org_id"])
+        row = _row(key, f"{name} · {labels[key]}", r, org_id=r["org_id"])
+        by_org_model.append(row)
+        _add(total, row)
+        _add(orgs.setdefault(r["org_id"], UsageRow(r["org_id"], name, org_id=r["org_id"])), row)
+        _add(models.setdefault(key, UsageRow(key, labels[key])), row)
+    by_org_model.sort(key=lambda row: row.label)
+    by_org = sorted(orgs.values(), key=lambda row: row.label)
+    by_model = sorted(models.values(), key=lambda row: row.label)
 
     # Grouped by the rollup's own hour in SQL, folded into days here: SQLite truncates dates
     # with a Python function per row, which over a month of rollup rows costs more than the
@@ -215,18 +218,19 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
     points: dict[dt.datetime, UsageRow] = {}
     for r in rollup.values("bucket").annotate(**_sums()).order_by("bucket"):
         t = point(r["bucket"])
-        row = points.setdefault(t, UsageRow(t, t.isoformat()))
-        for name in SUMS:
-            setattr(row, name, getattr(row, name) + int(r[name] or 0))
-    series = list(points.values())
+        _add(points.setdefault(t, UsageRow(t, t.isoformat())), _row(t, "", r))
+    # Spend lands in the hours batches settled in: few rows, so this scan returns little.
     spend_series: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in (
+    for bucket, org_id, spend in (
         rollup.filter(spend_microusd__gt=0)
-        .values("bucket", "org__name")
+        .values("bucket", "org_id")
         .annotate(spend=Sum("spend_microusd"))
         .order_by("bucket")
+        .values_list("bucket", "org_id", "spend")
     ):
-        spend_series[r["org__name"]][point(r["bucket"]).isoformat()] += int(r["spend"] or 0)
+        name = org_names.get(org_id, org_id)
+        spend_series[name][point(bucket).isoformat()] += int(spend or 0)
+    series = list(points.values())
 
     batches = Batch.objects.filter(created_at__gte=start)
     items_failed = BatchItem.objects.filter(state=BatchItem.State.FAILED, completed_at__gte=start)
