@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_the_dashboard_renders_charts_with_data_in_a_browser(
-    live_server, seeded: Seeded, deployment
+    live_server, seeded: Seeded, deployment, monkeypatch
 ):
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (dev extras)")
     # A few more batches earlier in the day, so the charts (and the README's screenshot)
@@ -52,7 +52,8 @@ def test_the_dashboard_renders_charts_with_data_in_a_browser(
     User.objects.create_superuser("browser-staff", "staff@example.com", "pw-for-the-browser")
     # Playwright's sync API runs an event loop in this thread; Django must not mistake the
     # ORM calls around it for calls from async code.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    # (monkeypatch: set for this test only, never for the processes later tests start).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
