@@ -45,6 +45,10 @@ ITEM_ERROR_MESSAGES = {
     "insufficient_credit": "Not enough credit to run this request.",
     "internal_error": "The request failed repeatedly inside the engine; retry it in a new batch.",
     "invalid_request": "The engine rejected the request parameters.",
+    "image_fetch_failed": "An image URL of this request could not be fetched: the address is "
+    "not public, the server did not answer 200 in time, or the image is over the size limit.",
+    "invalid_media": "An image or audio part of this request could not be decoded, is not in "
+    "an accepted format, or is over the size, pixel or duration limit.",
 }
 
 _OUTCOME_ITEM_CODES: dict[str, str] = {

@@ -19,6 +19,9 @@ on all alike) and reports its median. tok/s counts each request's real output to
 
 `--shared-prefix` instead compares the engine with and without its prefix cache on requests
 that all start with the same 500-token system prompt (the cache is emptied before each run).
+
+`--structured [options of benchmarks/structured.py]` runs that script: the same batch with and
+without JSON schemas on half of its rows.
 """
 
 from __future__ import annotations
@@ -213,6 +216,14 @@ def measure(
 
 
 def main() -> None:
+    if "--structured" in sys.argv:
+        import runpy
+
+        sys.argv = [str(ROOT / "benchmarks/structured.py")] + [
+            a for a in sys.argv[1:] if a != "--structured"
+        ]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=ROOT / "var/models/tiny-chat-bench")
     parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])

@@ -15,7 +15,15 @@ JSONL file, create the batch, let the worker run it (in-process on the embedded 
 separate `manage.py run_worker` process on PostgreSQL + Redis), wait for finalization and
 download the output. tok/s counts the completion tokens each path reports; the engine alone is
 timed around `generate` only, the platform from the upload's first byte to the download's
-last. Median of --rounds runs each, after one warm-up run of each. Prints the ratio.
+last. Median of --rounds runs each, after one warm-up run of each. Prints the ratios, and
+against (c) length-sorted static batches of --batch-size through `model.generate` on the same
+requests (each batch runs to its longest max_tokens; a row's tokens count up to its own end).
+
+`--sectioned` (embedded default only) instead runs requests that all share a ~500-token system
+prompt through the platform three ways, alternating: as a BatchRouter sectioned file (the
+prompt once, in a section), as a standard file (the prompt repeated on every line), and as the
+standard file with the engine's prefix cache off (BOARDWALK_ENGINE_PREFIX_CACHE=false); the
+prefix cache is emptied before every run, so each computes the shared prompt at least once.
 """
 
 from __future__ import annotations
@@ -62,6 +70,47 @@ def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
     return bodies
 
 
+def _shared_prefix_bodies(count: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ~500-token system prompt (tiny/bench tokenizer) and `count` short questions."""
+    from inference.demo_model import _CORPUS
+
+    section = {
+        "model": "boardwalk/tiny-chat",
+        "max_completion_tokens": 16,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": " ".join(_CORPUS.split()[:420])}],
+    }
+    rng = random.Random(seed)
+    requests = [
+        {"messages": [{"role": "user", "content": f"Question {i}: {rng.random():.6f}?"}]}
+        for i in range(count)
+    ]
+    return section, requests
+
+
+def _sectioned_files(count: int, seed: int) -> tuple[bytes, bytes]:
+    """The same requests as a sectioned file and as a standard one."""
+    import orjson
+
+    section, requests = _shared_prefix_bodies(count, seed)
+    sectioned = [
+        {"type": "header", "format": "batchrouter.sectioned.v1"},
+        {"type": "section", "section_id": "s", "body": section},
+    ] + [{"type": "request", "custom_id": f"r{i}", "body": r} for i, r in enumerate(requests)]
+    standard = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {**section, "messages": section["messages"] + r["messages"]},
+        }
+        for i, r in enumerate(requests)
+    ]
+    return tuple(
+        b"".join(orjson.dumps(row) + b"\n" for row in rows) for rows in (sectioned, standard)
+    )  # type: ignore[return-value]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-size", default="tiny", choices=["tiny", "bench"])
@@ -69,6 +118,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--sectioned", action="store_true", help="sectioned vs standard files")
     args = parser.parse_args()
     production = bool(os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"))
     data_dir = Path(tempfile.mkdtemp(prefix="boardwalk-platform-"))
@@ -126,6 +176,11 @@ def main() -> None:
         tokens = sum(r.completion_tokens for r in engine.generate(requests))
         return tokens / (time.perf_counter() - began)
 
+    def static_batches() -> float:
+        began = time.perf_counter()
+        tokens = _static_batches(model, tokenizer, requests, args.batch_size)
+        return tokens / (time.perf_counter() - began)
+
     worker: subprocess.Popen | None = None
     runtime = None
     if production:
@@ -152,21 +207,22 @@ def main() -> None:
 
         runtime = WorkerRuntime(threads=1).start()
 
-    def platform() -> float:
+    def platform(data: bytes = jsonl, metadata: dict[str, str] | None = None) -> float:
         began = time.perf_counter()
         upload = client.post(
-            "/v1/files", {"file": _named(jsonl), "purpose": "batch"}, format="multipart", **auth
+            "/v1/files", {"file": _named(data), "purpose": "batch"}, format="multipart", **auth
         )
+        submission: dict[str, Any] = {
+            "input_file_id": upload.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        }
+        if metadata:
+            submission["metadata"] = metadata
         created = client.generic(
             "POST",
             "/v1/batches",
-            orjson.dumps(
-                {
-                    "input_file_id": upload.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                }
-            ),
+            orjson.dumps(submission),
             content_type="application/json",
             HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
             **auth,
@@ -178,18 +234,27 @@ def main() -> None:
         body = b"".join(response.streaming_content) if response.streaming else response.content
         seconds = time.perf_counter() - began
         rows = [orjson.loads(line) for line in body.splitlines() if line]
-        if len(rows) != len(bodies):
-            raise SystemExit(f"only {len(rows)} of {len(bodies)} rows came back")
+        if len(rows) != data.count(b"\n") - (2 if metadata else 0):
+            raise SystemExit(f"only {len(rows)} rows came back")
         tokens = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in rows)
         return tokens / seconds
+
+    if args.sectioned:
+        if runtime is None:
+            raise SystemExit("--sectioned runs on the embedded default only")
+        _compare_sectioned(args, platform, revision)
+        runtime.stop()
+        return
 
     try:
         engine_alone()
         platform()  # warm-up: the worker loads the model
-        alone, through = [], []
+        static_batches()
+        alone, through, static = [], [], []
         for _ in range(args.rounds):
             alone.append(engine_alone())
             through.append(platform())
+            static.append(static_batches())
     finally:
         if runtime is not None:
             runtime.stop()
@@ -204,7 +269,86 @@ def main() -> None:
         f"{'platform end to end':<24} {p:>9.0f} tok/s   runs: "
         + " ".join(f"{x:.0f}" for x in through)
     )
+    print(
+        f"{'static batches of ' + str(args.batch_size):<24} {statistics.median(static):>9.0f} "
+        "tok/s   runs: " + " ".join(f"{x:.0f}" for x in static)
+    )
     print(f"platform / engine: {p / a:.2f}x")
+    print(f"platform / static batches: {p / statistics.median(static):.2f}x")
+
+
+def _static_batches(model: Any, tokenizer: Any, requests: list[Any], width: int) -> int:
+    """Length-sorted, left-padded static batches of `width` through `model.generate` (greedy,
+    each batch runs to its longest max_tokens; a row's tokens count up to its own end)."""
+    import torch
+
+    eos = int(tokenizer.eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    order = sorted(requests, key=lambda r: len(r.prompt_ids))
+    tokens = 0
+    with torch.inference_mode():
+        for lo in range(0, len(order), width):
+            batch = order[lo : lo + width]
+            longest = max(len(r.prompt_ids) for r in batch)
+            ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, r in enumerate(batch):
+                ids[row, longest - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+                mask[row, longest - len(r.prompt_ids) :] = 1
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=max(r.params.max_new_tokens for r in batch),
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=pad,
+            )
+            for row, r in enumerate(batch):
+                made = out[row, longest:].tolist()[: r.params.max_new_tokens]
+                tokens += made.index(eos) + 1 if eos in made else len(made)
+    return tokens
+
+
+def _compare_sectioned(args: argparse.Namespace, platform: Any, revision: Any) -> None:
+    from django.conf import settings
+
+    from inference.runtime import engine_drop, engine_for
+
+    sectioned, standard = _sectioned_files(args.requests, args.seed)
+    metadata = {"batchrouter_input_format": "sectioned.v1"}
+
+    def run(data: bytes, meta: dict[str, str] | None, cache: bool) -> float:
+        if cache != settings.ENGINE_PREFIX_CACHE:
+            settings.ENGINE_PREFIX_CACHE = cache
+            engine_drop(revision.id)  # the next wake-up builds the engine with the setting
+        engine_for(revision).clear_prefix_cache()  # the worker is idle between batches
+        return platform(data, meta)
+
+    ways = {
+        "sectioned file, prefix cache on": (sectioned, metadata, True),
+        "standard file, prefix cache on": (standard, None, True),
+        "standard file, prefix cache off": (standard, None, False),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for round_ in range(args.rounds + 1):
+        for name, way in ways.items():
+            rate = run(*way)
+            if round_:
+                rates[name].append(rate)
+    print(
+        f"model {args.model_size}, {args.requests} requests sharing a ~500-token system prompt, "
+        f"embedded default; median of {args.rounds}"
+    )
+    medians = {name: statistics.median(found) for name, found in rates.items()}
+    for name, found in rates.items():
+        print(
+            f"{name:<34} {medians[name]:>8.0f} tok/s   runs: " + " ".join(f"{x:.0f}" for x in found)
+        )
+    base = medians["standard file, prefix cache off"]
+    same = medians["standard file, prefix cache on"]
+    ours = medians["sectioned file, prefix cache on"]
+    print(f"sectioned / standard (both cached): {ours / same:.2f}x")
+    print(f"sectioned / standard without the prefix cache: {ours / base:.2f}x")
 
 
 def _named(data: bytes):

@@ -1,6 +1,6 @@
 """The one way Boardwalk makes HTTP requests to addresses a customer chose (SPEC §9, §10b).
 
-Webhook deliveries (and, later, image fetches) go through `request()` only. Rules:
+Webhook deliveries and image fetches go through `request()` only. Rules:
 
 - `https` only, to public addresses only: Microsoft's AntiSSRF session resolves the name,
   refuses if *any* address is loopback, private, link-local, metadata, unspecified, IPv4-mapped
@@ -98,6 +98,8 @@ def _session_for(url: str) -> requests.Session:
         policy.add_xff_header = False
         session = policy.get_antissrf_session()
     session.trust_env = False  # never a proxy or .netrc from the environment
+    if settings.OUTBOUND_CA_BUNDLE:
+        session.verify = settings.OUTBOUND_CA_BUNDLE
     return session
 
 

@@ -225,6 +225,9 @@ REDIS_URL = env_str("REDIS_URL")
 BROKER_NAMESPACE = env_str("BOARDWALK_BROKER_NAMESPACE", "boardwalk")
 WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
 ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
+# Reuse of computed prompt prefixes (within one organization and deployment); off only to
+# measure what it gives (benchmarks/platform_vs_engine.py --sectioned).
+ENGINE_PREFIX_CACHE = env_bool("BOARDWALK_ENGINE_PREFIX_CACHE", True)
 ENGINES_PER_PROCESS = env_int("BOARDWALK_ENGINES_PER_PROCESS", 1)
 ITEM_LEASE_SECONDS = env_int("BOARDWALK_ITEM_LEASE_SECONDS", 60)
 ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
@@ -250,6 +253,16 @@ MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
 # Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these
 # comma-separated host:port targets are let through as named, over http too (SPEC §10b).
 OUTBOUND_ALLOW = env_list("BOARDWALK_OUTBOUND_ALLOW", [])
+# A PEM file of the certificate authorities outbound https trusts instead of the bundled
+# public roots (a private network's CA, tests); empty: the public roots.
+OUTBOUND_CA_BUNDLE = env_str("BOARDWALK_OUTBOUND_CA_BUNDLE")
+
+# Media rows (SPEC §4.1, §9): what one image or audio part may weigh, an image's pixel count,
+# and how image URLs are fetched by the worker (time per fetch, fetches at once per worker).
+MEDIA_MAX_BYTES = env_int("BOARDWALK_MEDIA_MAX_BYTES", 10 * 1024 * 1024)
+MEDIA_MAX_PIXELS = env_int("BOARDWALK_MEDIA_MAX_PIXELS", 25_000_000)
+MEDIA_FETCH_TIMEOUT_SECONDS = env_float("BOARDWALK_MEDIA_FETCH_TIMEOUT_SECONDS", 10.0)
+MEDIA_FETCH_THREADS = env_int("BOARDWALK_MEDIA_FETCH_THREADS", 8)
 
 # The web server (`manage.py serve`, boardwalk/server.py): every read from a client is bounded.
 HTTP_THREADS = env_int("BOARDWALK_HTTP_THREADS", 32)

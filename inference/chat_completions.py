@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.engine.chat import render_prompt
+from inference.engine.chat import (
+    RenderedPrompt,
+    media_parts,
+    render_media_prompt,
+    render_prompt,
+)
 from inference.engine.types import (
     FINISH_STOP,
     Choice,
@@ -13,6 +18,7 @@ from inference.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
+from inference.media_layout import MediaLayout
 from inference.structured import grammar_for, parse_tool_calls, tool_choice_mode
 
 FINISH_TOOL_CALLS = "tool_calls"
@@ -23,8 +29,24 @@ def max_output_tokens(body: dict[str, Any]) -> int:
 
 
 def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
-    # Tools are shown to the model even under tool_choice "none", as the reference does.
-    return render_prompt(tokenizer, body["messages"], body.get("tools") or None)
+    """The prompt's token ids, for counting. On a revision with media (the web tier's
+    ChatTokenizer carries its `media_layout`) each part counts as the placeholders it expands
+    to; audio, whose length is known only once decoded, as the longest clip allowed."""
+    layout: MediaLayout | None = getattr(tokenizer, "media_layout", None)
+    if layout is None:
+        # Tools are shown to the model even under tool_choice "none", as the reference does.
+        return render_prompt(tokenizer, body["messages"], body.get("tools") or None)
+    counts = [layout.placeholder_count() for _ in media_parts(body["messages"])]
+    return media_prompt(tokenizer, body, layout=layout, counts=counts).ids
+
+
+def media_prompt(
+    tokenizer: Any, body: dict[str, Any], *, layout: MediaLayout, counts: list[int]
+) -> RenderedPrompt:
+    """The prompt of a row on a revision with media, `counts[i]` placeholders for part i."""
+    return render_media_prompt(
+        tokenizer, body["messages"], body.get("tools") or None, layout=layout, counts=counts
+    )
 
 
 def sampling_params(body: dict[str, Any]) -> SamplingParams:

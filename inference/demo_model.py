@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -215,9 +216,18 @@ def build_demo_model(out_dir: Path, *, size: str = "tiny") -> Path:
     """
     if size not in SIZES:
         raise ValueError(f"unknown demo model size {size!r}; choose from {sorted(SIZES)}")
+    return build_atomically(out_dir, lambda tmp: _build_into(tmp, size), version=BUILD_VERSION)
+
+
+def build_atomically(out_dir: Path, build: Callable[[Path], None], *, version: int) -> Path:
+    """Run `build(tmp)` into a sibling temporary directory, then rename it to `out_dir`.
+
+    `build` writes the MARKER file last. A finished build of `version` is returned as is; an
+    older one is replaced whole.
+    """
     out_dir = Path(out_dir)
     if (out_dir / MARKER).is_file():
-        if _built_version(out_dir) == BUILD_VERSION:
+        if _built_version(out_dir) == version:
             return out_dir
         # An older build: replaced whole (the weights are the same, the tokenizer is not).
         stale = out_dir.with_name(f".{out_dir.name}.stale-{os.getpid()}")
@@ -229,7 +239,7 @@ def build_demo_model(out_dir: Path, *, size: str = "tiny") -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        _build_into(tmp, size)
+        build(tmp)
         try:
             os.rename(tmp, out_dir)
         except OSError:
@@ -269,7 +279,7 @@ def _build_into(directory: Path, size: str) -> None:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     spec = SIZES[size]
-    tokenizer = _build_tokenizer(spec.vocab_size)
+    tokenizer = build_tokenizer(spec.vocab_size)
     end_of_text = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     config = LlamaConfig(
@@ -289,11 +299,7 @@ def _build_into(directory: Path, size: str) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         model = LlamaForCausalLM(config)
-    # Scale the output layer so that random logits are peaked (std ~3), not flat: greedy decoding
-    # then has clear winners, and batched and unbatched runs pick the same tokens.
-    with torch.no_grad():
-        head = model.get_output_embeddings().weight
-        head.mul_(_LOGIT_STD / (head.std() * spec.hidden_size**0.5))
+    sharpen_output_head(model, spec.hidden_size)
     model.generation_config = GenerationConfig(
         eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text
     )
@@ -304,11 +310,23 @@ def _build_into(directory: Path, size: str) -> None:
     (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
-def _build_tokenizer(vocab_size: int):
+def sharpen_output_head(model: Any, hidden_size: int) -> None:
+    """Scale the output layer so that random logits are peaked (std ~3), not flat: greedy
+    decoding then has clear winners, and batched and unbatched runs pick the same tokens."""
+    import torch
+
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head.mul_(_LOGIT_STD / (head.std() * hidden_size**0.5))
+
+
+def build_tokenizer(vocab_size: int, *, extra_specials: tuple[str, ...] = ()):
+    """The demo's byte-level BPE tokenizer, with `extra_specials` (media placeholders) added as
+    special tokens of their own."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = [END_OF_TEXT, IM_START, IM_END]
+    specials = [END_OF_TEXT, IM_START, IM_END, *extra_specials]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -323,7 +341,7 @@ def _build_tokenizer(vocab_size: int):
         tokenizer_object=bpe,
         eos_token=END_OF_TEXT,
         pad_token=END_OF_TEXT,
-        extra_special_tokens=[IM_START, IM_END],
+        extra_special_tokens=[IM_START, IM_END, *extra_specials],
         chat_template=CHAT_TEMPLATE,
         model_max_length=CONTEXT_LENGTH,
         clean_up_tokenization_spaces=False,

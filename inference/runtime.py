@@ -14,7 +14,7 @@ from django.conf import settings
 from transformers import AutoTokenizer
 
 from inference.engine.engine import Engine
-from inference.engine.loading import ModelLoadError, load_model
+from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
@@ -32,6 +32,13 @@ def _load(revision: ModelRevision) -> tuple[Any, Any]:
         chat_template=revision.chat_template or None,
         revision=revision.weights_revision or None,
     )
+
+
+def _processor(revision: ModelRevision) -> Any:
+    """The processor of a revision that publishes media (its encoders' inputs), else None."""
+    if not set(revision.modalities) & {"image", "audio"}:
+        return None
+    return load_processor(revision.weights, revision=revision.weights_revision or None)
 
 
 def _load_tokenizer(revision: ModelRevision) -> Any:
@@ -77,6 +84,8 @@ def engine_for(revision: ModelRevision) -> Any:
             tokenizer,
             context_length=revision.context_length,
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+            prefix_cache=settings.ENGINE_PREFIX_CACHE,
+            processor=_processor(revision),
         )
     with _lock:
         _engines[revision.id] = engine

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from boardwalk.errors import NotFound
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
+from inference.tokenization import runnable_media_for
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ class ResolvedModel:
             media = [m for m in self.catalog.batch_media if m in self.revision.modalities]
         else:
             media = []
-        return frozenset(m for m in media if m != "text")
+        # What the revision publishes, and only what the engine can run for it (a revision
+        # saved through the admin is not checked at creation).
+        return frozenset(media) & runnable_media_for(self.revision)
 
 
 class ModelNotUsable(Exception):

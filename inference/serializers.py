@@ -13,7 +13,9 @@ def model_payload(entry: ResolvedModel) -> dict[str, Any]:
             "input": str(entry.catalog.price_input),
             "cached_input": str(entry.catalog.price_cached_input),
             "output": str(entry.catalog.price_output),
-            "media": list(entry.catalog.batch_media),
+            # What batch accepts: the entry's media as far as its revision publishes and the
+            # engine runs them.
+            "media": sorted(entry.batch_media),
         }
     return {
         "id": entry.name,

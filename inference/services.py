@@ -7,13 +7,34 @@ from typing import Any
 
 from django.db import transaction
 
-from boardwalk.errors import Conflict
+from boardwalk.errors import Conflict, InvalidRequest
 from boardwalk.models import Organization
-from inference.models import CatalogModel, Deployment, ModelRevision
+from inference.models import MODALITIES, CatalogModel, Deployment, ModelRevision
+from inference.tokenization import runnable_media_for
 
 
 def revision_create(**fields: Any) -> ModelRevision:
-    return ModelRevision.objects.create(**fields)
+    """A new revision. It may publish `image` or `audio` only where the engine can run them:
+    its architecture has an encoder the engine drives and its processor handles that media."""
+    revision = ModelRevision(**fields)
+    unknown = set(revision.modalities) - set(MODALITIES)
+    if unknown:
+        raise InvalidRequest(
+            f"modalities are any of text, image, audio; got {sorted(revision.modalities)}",
+            code="invalid_modalities",
+            param="modalities",
+        )
+    media = set(revision.modalities) - {"text"}
+    missing = media - runnable_media_for(revision)
+    if missing:
+        raise InvalidRequest(
+            f"the revision cannot publish {', '.join(sorted(missing))}: its model and processor "
+            "do not handle it",
+            code="unsupported_modality",
+            param="modalities",
+        )
+    revision.save(force_insert=True)
+    return revision
 
 
 def _name_taken(name: str) -> bool:

@@ -21,6 +21,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from inference.media_layout import LayoutUnavailable, MediaLayout, media_layout
 from inference.models import ModelRevision
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
@@ -39,7 +40,13 @@ def _raise(message: str) -> None:
 class ChatTokenizer:
     """The subset of a transformers tokenizer that prompt rendering needs."""
 
-    def __init__(self, directory: Path, *, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        chat_template: str | None = None,
+        media_layout: MediaLayout | None = None,
+    ) -> None:
         try:
             self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
             config: dict[str, Any] = {}
@@ -64,6 +71,8 @@ class ChatTokenizer:
         # which would count different tokens than the worker renders).
         env.filters["tojson"] = _tojson
         self._template = env.from_string(template)
+        # Where media goes in this revision's prompts (None: text only); read by prompt_ids.
+        self.media_layout = media_layout
 
     def apply_chat_template(
         self,
@@ -101,8 +110,8 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _directory(revision: ModelRevision) -> Path:
-    source = revision.tokenizer or revision.weights
+def _directory(revision: ModelRevision, source: str | None = None) -> Path:
+    source = source or revision.tokenizer or revision.weights
     path = Path(source)
     if path.is_dir():
         return path
@@ -126,9 +135,37 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         if cached is not None:
             _cache.move_to_end(revision.id)
             return cached
-    tokenizer = ChatTokenizer(_directory(revision), chat_template=revision.chat_template or None)
+    tokenizer = ChatTokenizer(
+        _directory(revision),
+        chat_template=revision.chat_template or None,
+        media_layout=media_layout_for(revision),
+    )
     with _lock:
         _cache[revision.id] = tokenizer
         while len(_cache) > 8:
             _cache.popitem(last=False)
     return tokenizer
+
+
+_layouts: dict[str, MediaLayout | None] = {}
+
+
+def media_layout_for(revision: ModelRevision) -> MediaLayout | None:
+    """Where media goes in `revision`'s prompts; None for a text-only architecture or one
+    whose files cannot be read. Revisions are immutable, so the answer is kept per process."""
+    if revision.id in _layouts:
+        return _layouts[revision.id]
+    try:
+        layout = media_layout(_directory(revision, revision.weights))
+    except (LayoutUnavailable, TokenizerUnavailable):
+        layout = None
+    with _lock:
+        _layouts[revision.id] = layout
+    return layout
+
+
+def runnable_media_for(revision: ModelRevision) -> frozenset[str]:
+    """The modalities beyond text that the engine can run for `revision`: those its
+    architecture has an encoder and a processor for (inference/media_layout.py)."""
+    layout = media_layout_for(revision)
+    return frozenset({layout.modality} if layout else ())

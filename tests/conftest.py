@@ -18,6 +18,12 @@ from boardwalk.broker import setup_broker
 from boardwalk.models import Organization
 from boardwalk.services import api_key_create, org_create
 from inference.demo_model import build_demo_model, demo_revision_fields
+from inference.demo_multimodal import (
+    audio_revision_fields,
+    build_audio_model,
+    build_vision_model,
+    vision_revision_fields,
+)
 from inference.models import CatalogModel, Deployment
 from inference.services import catalog_model_create, deployment_create, revision_create
 
@@ -57,6 +63,16 @@ def _fresh_broker() -> None:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("models") / "tiny-chat-tiny", size="tiny")
+
+
+@pytest.fixture(scope="session")
+def vision_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_vision_model(tmp_path_factory.mktemp("models") / "tiny-vision")
+
+
+@pytest.fixture(scope="session")
+def audio_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_audio_model(tmp_path_factory.mktemp("models") / "tiny-audio")
 
 
 @dataclass
@@ -137,6 +153,22 @@ def catalog_model(db: None, tiny_model_dir: Path) -> CatalogModel:
 
 
 @pytest.fixture
+def vision_model(db: None, vision_model_dir: Path) -> CatalogModel:
+    revision = revision_create(**vision_revision_fields(vision_model_dir))
+    return catalog_model_create(
+        name="boardwalk/tiny-vision", revision=revision, prices=PRICES, media=["image"]
+    )
+
+
+@pytest.fixture
+def audio_model(db: None, audio_model_dir: Path) -> CatalogModel:
+    revision = revision_create(**audio_revision_fields(audio_model_dir))
+    return catalog_model_create(
+        name="boardwalk/tiny-audio", revision=revision, prices=PRICES, media=["audio"]
+    )
+
+
+@pytest.fixture
 def deployment(tenant: Tenant, catalog_model: CatalogModel) -> Deployment:
     return deployment_create(
         org=tenant.org,
@@ -151,7 +183,7 @@ def request_line(
     *,
     model: str = "boardwalk/tiny-chat",
     max_tokens: int = 8,
-    content: str = "Hello there",
+    content: str | list[dict[str, Any]] = "Hello there",
     **body: Any,
 ) -> dict[str, Any]:
     return {

@@ -33,8 +33,10 @@ from batches.models import Batch, BatchItem
 from boardwalk import clock
 from inference.engine.loading import ModelLoadError
 from inference.engine.types import GenerationRequest, GenerationResult
+from inference.media_layout import MediaLayout
 from inference.models import ModelRevision
 from inference.runtime import engine_drop, engine_for, engine_lock
+from inference.tokenization import media_layout_for
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,11 @@ def serve_key(
         except ModelLoadError as exc:
             logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
             return _fail_batches_of(key, message=str(exc))
-        run = _Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work)
+        # Media rows are laid out only for an engine that runs their encoders.
+        layout = media_layout_for(revision)
+        if layout is not None and layout.modality not in getattr(engine, "media_modalities", ()):
+            layout = None
+        run = _Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work, layout)
         with engine_lock(revision.id):
             if threaded:
                 run.threaded()
@@ -125,6 +131,7 @@ class _Run:
         max_items: int | None,
         on_batch_done: Callable[[str], None] | None,
         on_more_work: Callable[[], None] | None = None,
+        media_layout: MediaLayout | None = None,
     ) -> None:
         self.key = key
         self.on_more_work = on_more_work
@@ -137,6 +144,7 @@ class _Run:
             owner=self.owner,
             tokenizer=engine.tokenizer,
             group_size=settings.EXECUTION_CLAIM_GROUP,
+            media_layout=media_layout,
         )
         self.record = Record(owner=self.owner, on_batch_done=on_batch_done)
         self._held: dict[str, BatchItem] = {}  # request id → item, claimed and not recorded
@@ -206,7 +214,7 @@ class _Run:
 
     def _unpreparable(self, p: Unpreparable) -> Finished:
         self._take(f"prep:{p.item.pk}")
-        return Finished(p.item, None)
+        return Finished(p.item, None, p.error_code)
 
     def _write(self, group: list[Finished]) -> None:
         self.record.write(group, still_held=self.held_batches())
@@ -285,6 +293,7 @@ class _Run:
                     self._write([finished])
         finally:
             heartbeat.stopped.set()
+            self.prepare.close()
             self._release_held()
 
     # -- threaded: prepare and record on their own threads -----------------------------------
@@ -320,6 +329,7 @@ class _Run:
             results.put(_END)
             recorder.join()
             heartbeat.stopped.set()
+            self.prepare.close()
             self._release_held()
 
     def _prepare_loop(self, ahead: queue.Queue[Any], results: queue.Queue[Any], over: Any) -> None:

@@ -2,7 +2,9 @@
 
 Runs ahead of the engine so that the engine never waits on the database, the store or the
 tokenizer while work is queued. Lines are read through one open decrypting stream per batch
-file, in file order, so each chunk is decrypted once. (Image and audio fetching plug in here.)
+file, in file order, so each chunk is decrypted once. On a revision with media, the group's
+image URLs are fetched and every part decoded in parallel (batches/execution/media.py) before
+the rows are laid out with their placeholders.
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from typing import Any
 
 import orjson
 
+from batches.execution.media import INVALID_MEDIA, DecodedMedia, MediaError, MediaResolver
 from batches.items import EngineKey, items_claim_group
 from batches.models import BatchItem
 from files.models import File
 from files.services import file_iter_lines, file_read_range
 from files.validation.sectioned import effective_body
-from inference.chat_completions import prompt_ids, sampling_params
-from inference.engine.types import GenerationRequest
+from inference.chat_completions import media_prompt, prompt_ids, sampling_params
+from inference.engine.chat import PlaceholderMismatch, media_parts
+from inference.engine.types import ERROR_INTERNAL, GenerationRequest, MediaInput
+from inference.media_layout import MediaLayout
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +45,11 @@ class Work:
 
 @dataclass
 class Unpreparable:
-    """An item whose line could not be read or rendered: it ends as an internal_error."""
+    """An item whose line could not be read or rendered (internal_error), or whose media
+    could not be fetched or decoded (image_fetch_failed, invalid_media): it ends as that."""
 
     item: BatchItem
+    error_code: str = ERROR_INTERNAL
 
 
 def request_key(item: BatchItem) -> str:
@@ -86,11 +93,21 @@ class _LineReader:
 class Prepare:
     """Claims and prepares groups of items for one engine key."""
 
-    def __init__(self, *, key: EngineKey, owner: str, tokenizer: Any, group_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        key: EngineKey,
+        owner: str,
+        tokenizer: Any,
+        group_size: int,
+        media_layout: MediaLayout | None = None,
+    ) -> None:
         self.key = key
         self.owner = owner
         self.tokenizer = tokenizer
         self.group_size = group_size
+        self.layout = media_layout  # None: a text-only engine
+        self._media = MediaResolver(media_layout) if media_layout is not None else None
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
         self._sections: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 
@@ -101,21 +118,70 @@ class Prepare:
         claim = items_claim_group(key=self.key, worker_id=self.owner, limit=size)
         # File order within each batch: the stream reads forward only.
         items = sorted(claim.items, key=lambda i: (i.batch_id, i.index))
-        return [self._prepare(item) for item in items], claim.ended_batch_ids
+        bodies = [self._read(item) for item in items]
+        if self._media is None:
+            return [
+                body if isinstance(body, Unpreparable) else self._prepare(item, body, [])
+                for item, body in zip(items, bodies, strict=True)
+            ], claim.ended_batch_ids
+        parts = [
+            [] if isinstance(b, Unpreparable) else media_parts(b.get("messages") or [])
+            for b in bodies
+        ]
+        resolved = self._media.resolve_many(parts)
+        prepared: list[Work | Unpreparable] = []
+        for item, body, media in zip(items, bodies, resolved, strict=True):
+            if isinstance(body, Unpreparable):
+                prepared.append(body)
+            elif isinstance(media, MediaError):
+                logger.info("item %s: %s (%s)", item.pk, media.code, media.reason)
+                prepared.append(Unpreparable(item, media.code))
+            else:
+                prepared.append(self._prepare(item, body, media))
+        return prepared, claim.ended_batch_ids
 
-    def _prepare(self, item: BatchItem) -> Work | Unpreparable:
+    def close(self) -> None:
+        if self._media is not None:
+            self._media.close()
+
+    def _read(self, item: BatchItem) -> dict[str, Any] | Unpreparable:
         try:
-            body = self._body(item)
+            return self._body(item)
+        except Exception as exc:
+            # The type only: a message could quote the request's content.
+            logger.error("item %s could not be read: %s", item.pk, type(exc).__name__)
+            self._readers.pop(item.batch_id, None)
+            return Unpreparable(item)
+
+    def _prepare(
+        self, item: BatchItem, body: dict[str, Any], media: list[DecodedMedia]
+    ) -> Work | Unpreparable:
+        try:
+            inputs: list[MediaInput] = []
+            if self.layout is None:
+                ids = prompt_ids(self.tokenizer, body)
+            else:
+                counts = [m.placeholders for m in media]
+                rendered = media_prompt(self.tokenizer, body, layout=self.layout, counts=counts)
+                ids = rendered.ids
+                inputs = [
+                    MediaInput(m.modality, m.value, m.digest, start, length)
+                    for m, (start, length) in zip(media, rendered.spans, strict=True)
+                ]
             request = GenerationRequest(
                 request_key(item),
-                prompt_ids(self.tokenizer, body),
+                ids,
                 sampling_params(body),
                 cache_scope=cache_scope(item),
+                media=inputs,
             )
+        except PlaceholderMismatch:
+            # The template lost a part, or a placeholder is quoted where it cannot be escaped.
+            logger.info("item %s: invalid_media (placeholders)", item.pk)
+            return Unpreparable(item, INVALID_MEDIA)
         except Exception as exc:
             # The type only: a message could quote the request's content.
             logger.error("item %s could not be prepared: %s", item.pk, type(exc).__name__)
-            self._readers.pop(item.batch_id, None)
             return Unpreparable(item)
         return Work(item, request)
 

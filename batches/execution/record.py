@@ -33,7 +33,8 @@ class Finished:
     """What the engine (or the prepare stage) says about one item."""
 
     item: BatchItem
-    result: GenerationResult | None  # None: could not be prepared (internal_error)
+    result: GenerationResult | None  # None: could not be prepared (error_code says why)
+    error_code: str = "internal_error"
 
 
 def usage_recorded(facts: list[UsageFacts]) -> None:
@@ -85,7 +86,7 @@ class Record:
     def _outcome(self, f: Finished) -> ItemOutcome:
         result = f.result
         if result is None:
-            return ItemOutcome(f.item, succeeded=False, error_code="internal_error")
+            return ItemOutcome(f.item, succeeded=False, error_code=f.error_code)
         if result.error:
             return ItemOutcome(
                 f.item,

@@ -12,6 +12,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
+
+from boardwalk.outbound import allowed_targets
 from inference.capabilities import (
     HONOURED_FIELDS,
     MAX_N,
@@ -445,6 +448,19 @@ def _check_image(image: Any, path: str, problems: Problems) -> None:
             "invalid_image_url",
             f"{path}.url must be a data:image/<type>;base64,<data> URL or an https:// URL",
         )
+    elif url[:5].lower() == "data:":
+        _check_media_size(url, f"{path}.url", problems)
+
+
+def _check_media_size(encoded: str, path: str, problems: Problems) -> None:
+    # Base64 holds 3 bytes in 4 characters: known too large without decoding a byte.
+    limit = settings.MEDIA_MAX_BYTES
+    if len(encoded) // 4 * 3 > limit + 64:  # 64: the data URL's prefix, generously
+        problems.add(
+            path,
+            "media_too_large",
+            f"{path} is larger than {limit} bytes once decoded; send a smaller file",
+        )
 
 
 def _is_image_url(url: str) -> bool:
@@ -452,12 +468,17 @@ def _is_image_url(url: str) -> bool:
     if head.startswith("data:"):
         prefix = _DATA_IMAGE_PREFIX.match(url)
         return prefix is not None and _is_base64(url, prefix.end())
-    if head == "https://":
-        # The worker fetches it and enforces the address rules (SPEC §9); here, only the shape.
+    if head == "https://" or head.startswith("http://"):
+        # The worker fetches it and enforces the address rules (SPEC §9); here, only the
+        # shape, and http only to a target BOARDWALK_OUTBOUND_ALLOW names (SPEC §10b).
         try:
-            return bool(urlsplit(url).hostname)
+            parts = urlsplit(url)
+            port = parts.port or (443 if head == "https://" else 80)
         except ValueError:
             return False
+        if not parts.hostname:
+            return False
+        return head == "https://" or (parts.hostname.lower(), port) in allowed_targets()
     return False
 
 
@@ -476,6 +497,8 @@ def _check_audio(audio: Any, path: str, problems: Problems) -> None:
         problems.add(
             f"{path}.data", "invalid_content_part", f"{path}.data must be base64-encoded audio"
         )
+    else:
+        _check_media_size(data, f"{path}.data", problems)
     audio_format = audio.get("format")
     if not isinstance(audio_format, str) or audio_format not in AUDIO_FORMATS:
         problems.add(

@@ -3,7 +3,7 @@
 from typing import Any
 
 from .chat import render_prompt
-from .types import Choice, GenerationRequest, GenerationResult, SamplingParams
+from .types import Choice, GenerationRequest, GenerationResult, MediaInput, SamplingParams
 
 # The engine and the loader need torch; the request types and prompt rendering do not, and
 # the web tier (which must never import torch) uses those. So the heavy names load lazily.
@@ -23,6 +23,7 @@ __all__ = [
     "Engine",
     "GenerationRequest",
     "GenerationResult",
+    "MediaInput",
     "ModelLoadError",
     "SamplingParams",
     "load_model",

@@ -3,7 +3,26 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from inference.media_layout import MediaLayout
+
+MEDIA_PART_TYPES = {"image_url": "image", "input_audio": "audio"}
+# Put inside a placeholder's text where a message quotes it, so that the text never becomes
+# the placeholder token (which the processor would pair with media that is not there).
+_WORD_JOINER = "\u2060"
+
+
+class PlaceholderMismatch(Exception):
+    """The rendered prompt holds a different number of placeholders than the row has media."""
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    ids: list[int]
+    spans: list[tuple[int, int]]  # (start, length) of each media part's placeholders, in order
 
 
 def render_prompt(
@@ -16,15 +35,60 @@ def render_prompt(
     templates written for plain-string content work too. The arguments of earlier tool calls
     are handed to the template as objects (the transformers convention), when they parse.
     """
-    rendered = [_message(message) for message in messages]
+    return _render(tokenizer, [_message(message, None) for message in messages], tools)
+
+
+def media_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The image and audio parts of `messages`, in prompt order."""
+    return [
+        part
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") in MEDIA_PART_TYPES
+    ]
+
+
+def render_media_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    layout: MediaLayout,
+    counts: Sequence[int],
+) -> RenderedPrompt:
+    """Like render_prompt for a revision with media: each media part becomes its placeholder
+    token, expanded to `counts[i]` copies (what the encoder yields for part i), and any quoted
+    placeholder in the text is broken up. Raises PlaceholderMismatch when the template did not
+    keep one placeholder per part (e.g. a template that drops parts, or one quoted in a tool
+    call's arguments)."""
+    ids = _render(tokenizer, [_message(message, layout) for message in messages], tools)
+    found = [i for i, token in enumerate(ids) if token == layout.token_id]
+    if len(found) != len(counts):
+        raise PlaceholderMismatch(f"{len(found)} placeholders for {len(counts)} media parts")
+    expanded: list[int] = []
+    spans: list[tuple[int, int]] = []
+    last = 0
+    for at, count in zip(found, counts, strict=True):
+        expanded += ids[last:at]
+        spans.append((len(expanded), count))
+        expanded += [layout.token_id] * count
+        last = at + 1
+    expanded += ids[last:]
+    return RenderedPrompt(expanded, spans)
+
+
+def _render(
+    tokenizer: Any, rendered: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
     ids = tokenizer.apply_chat_template(
         rendered, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     return [int(token) for token in ids]
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
-    rendered = {**message, "content": _text(message.get("content"))}
+def _message(message: dict[str, Any], layout: MediaLayout | None) -> dict[str, Any]:
+    rendered = {**message, "content": _text(message.get("content"), layout)}
     if message.get("tool_calls"):
         rendered["tool_calls"] = [
             {**call, "function": {**call["function"], "arguments": _arguments(call)}}
@@ -41,13 +105,23 @@ def _arguments(call: dict[str, Any]) -> Any:
         return arguments
 
 
-def _text(content: Any) -> str:
+def _text(content: Any, layout: MediaLayout | None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
-    return "".join(
-        part.get("text", "")
-        for part in content
-        if isinstance(part, dict) and part.get("type") == "text"
-    )
+        return _escaped(content, layout)
+    pieces = []
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") == "text":
+            pieces.append(_escaped(part.get("text", ""), layout))
+        elif layout is not None and MEDIA_PART_TYPES.get(part.get("type", "")) == layout.modality:
+            pieces.append(layout.token)
+    return "".join(pieces)
+
+
+def _escaped(text: str, layout: MediaLayout | None) -> str:
+    if layout is None or layout.token not in text:
+        return text
+    return text.replace(layout.token, layout.token[0] + _WORD_JOINER + layout.token[1:])

@@ -24,13 +24,14 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .kv import BlockPool, PagedCache, block_digest
+from .media import MediaEncoder
 from .sampling import RowSampling, row_sampling, sample
 from .types import (
     ERROR_CONTEXT_LENGTH,
@@ -41,6 +42,7 @@ from .types import (
     Choice,
     GenerationRequest,
     GenerationResult,
+    MediaInput,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class _Request:
     cached_tokens: int = 0
     forked: bool = False
     reported: bool = False
+    features: dict[int, torch.Tensor] = field(default_factory=dict)  # media index → encoded
 
     @property
     def prompt(self) -> list[int]:
@@ -81,6 +84,7 @@ class _Sequence:
     tokens: list[int] = field(default_factory=list)  # generated so far
     blocks: list[int] = field(default_factory=list)  # the block table
     digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
+    prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
     preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
 
@@ -124,6 +128,7 @@ class Engine:
         kv_cache_bytes: int | None = None,
         max_num_blocks: int | None = None,
         prefix_cache: bool = True,
+        processor: Any = None,
     ) -> None:
         config = model.config
         attention = getattr(config, "_attn_implementation", "sdpa")
@@ -141,6 +146,9 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.abort_poll_seconds = abort_poll_seconds
         self.prefix_cache = prefix_cache
+        # Media rows need the model's processor (its encoders run at prefill, media.py).
+        self._media = MediaEncoder(model, processor) if processor is not None else None
+        self.media_modalities = self._media.modalities if self._media else frozenset()
         self.eos_token_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _model_eos_ids(model, tokenizer)
         )
@@ -300,6 +308,16 @@ class Engine:
             or not 0 < p.top_p <= 1
         ):
             return ERROR_INVALID_REQUEST
+        end = 0
+        for media in request.media:
+            if (
+                media.modality not in self.media_modalities
+                or media.start < end
+                or media.length < 1
+                or media.start + media.length >= len(request.prompt_ids)
+            ):
+                return ERROR_INVALID_REQUEST
+            end = media.start + media.length
         total = len(request.prompt_ids) + p.max_new_tokens
         if total > self.context_length:
             return ERROR_CONTEXT_LENGTH
@@ -377,7 +395,10 @@ class Engine:
             device=self._device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
-        return _Sequence(owner=request, choice=choice, sampling=sampling)
+        seq = _Sequence(owner=request, choice=choice, sampling=sampling)
+        if self.prefix_cache and choice == 0:  # the other choices are forked from this one
+            seq.prompt_digests = _prompt_digests(request.request, self.block_size)
+        return seq
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -456,17 +477,10 @@ class Engine:
             if self._grow(seq, 1):
                 work.append((seq, 1))
         budget -= len(work)
-        for seq in sorted(running, key=_age):
-            if budget <= 0 or len(work) >= limit:
-                break
-            if seq.length - seq.computed <= 1:
-                continue
-            if self.prefix_cache:
-                self._reuse_cached(seq)
-            take = self._grow(seq, min(seq.length - seq.computed, budget))
-            if take:
-                work.append((seq, take))
-                budget -= take
+        deferred = self._schedule_prompts(running, work, budget, limit, wait=self.prefix_cache)
+        if not work and deferred:
+            # Waiting for a block that cannot be computed now (memory) would stall everyone.
+            self._schedule_prompts(running, work, budget, limit, wait=False)
         if not work:
             # Every sequence is waiting for memory: free the youngest and go on with the rest.
             victim = self._youngest_holder(running)
@@ -475,6 +489,43 @@ class Engine:
                 return self._schedule(running)
             raise RuntimeError("no sequence can be scheduled")  # cannot happen: see _invalid
         return work
+
+    def _schedule_prompts(
+        self,
+        running: list[_Sequence],
+        work: list[tuple[_Sequence, int]],
+        budget: int,
+        limit: int,
+        *,
+        wait: bool,
+    ) -> bool:
+        """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
+
+        With `wait`, a sequence whose next block is one an older sequence has still to compute
+        skips the step and reads that block from the cache once it is there: a prefix shared
+        by many rows admitted together is computed once, not once per row.
+        """
+        bs = self.block_size
+        coming: set[bytes] = set()
+        deferred = False
+        for seq in sorted(running, key=_age):
+            if budget <= 0 or len(work) >= limit:
+                break
+            if seq.length - seq.computed <= 1:
+                continue
+            if self.prefix_cache:
+                self._reuse_cached(seq)
+            if wait:
+                pending = seq.prompt_digests[seq.computed // bs :]
+                if pending and seq.computed % bs == 0 and pending[0] in coming:
+                    deferred = True
+                    continue
+                coming.update(pending)
+            take = self._grow(seq, min(seq.length - seq.computed, budget))
+            if take:
+                work.append((seq, take))
+                budget -= take
+        return deferred
 
     def _blocks_needed(self, seq: _Sequence, tokens: int) -> int:
         bs = self.block_size
@@ -513,8 +564,7 @@ class Engine:
         scope = seq.owner.request.cache_scope
         counts_as_cached = not seq.tokens and seq.choice == 0 and not seq.preempted
         while seq.computed + bs <= seq.length - 1:
-            parent = seq.digests[-1] if seq.digests else b""
-            digest = block_digest(parent, scope, seq.span(seq.computed, seq.computed + bs))
+            digest = self._digest(seq, seq.computed // bs, scope)
             block = self._pool.lookup(digest)
             if block is None:
                 return
@@ -530,11 +580,19 @@ class Engine:
         scope = seq.owner.request.cache_scope
         while len(seq.digests) < seq.computed // bs:
             i = len(seq.digests)
-            parent = seq.digests[-1] if seq.digests else b""
-            digest = block_digest(parent, scope, seq.span(i * bs, (i + 1) * bs))
+            digest = self._digest(seq, i, scope)
             seq.digests.append(digest)
             if self.prefix_cache:
                 self._pool.register(seq.blocks[i], digest)
+
+    def _digest(self, seq: _Sequence, index: int, scope: str) -> bytes:
+        """The digest of block `index` of the sequence; blocks before it are in seq.digests."""
+        if index < len(seq.prompt_digests):
+            return seq.prompt_digests[index]
+        lo, hi = index * self.block_size, (index + 1) * self.block_size
+        parent = seq.digests[-1] if seq.digests else b""
+        media = _media_key(seq.owner.request.media, lo, hi)
+        return block_digest(parent, scope, seq.span(lo, hi), media)
 
     def _youngest_holder(self, running: list[_Sequence]) -> _Sequence | None:
         holders = [s for s in running if s.blocks]
@@ -557,6 +615,7 @@ class Engine:
                 self._pool.share(block)
             fork.blocks = list(seq.blocks)
             fork.digests = list(seq.digests)
+            fork.prompt_digests = seq.prompt_digests
             fork.computed = seq.computed
             forks.append(fork)
         return forks
@@ -638,24 +697,65 @@ class Engine:
             allowed = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
             allowed = allowed[None, None]
             keep = torch.cumsum(takes, 0) - 1
+        embeds = self._media_embeddings(ids, work, packed=max(takes_list) > 1)
         mask: torch.Tensor = allowed
         if self._attention == "eager":
             mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
                 ~allowed, torch.finfo(self._dtype).min
             )
+        tokens: dict[str, torch.Tensor] = (
+            {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
+        )
         out = self.model(
-            input_ids=ids,
+            **tokens,
             attention_mask=mask,
             position_ids=positions,
             cache=self._cache.point(write=write, read=read),
             use_cache=True,
             logits_to_keep=keep,
         )
-        logits = out.logits[:, -1, :] if isinstance(keep, int) else out.logits[0]
+        if isinstance(keep, int):
+            logits = out.logits[:, -1, :]
+        elif out.logits.shape[1] == keep.shape[0]:
+            logits = out.logits[0]
+        else:  # a model that ignores logits_to_keep (Qwen2-Audio): every position came back
+            logits = out.logits[0, keep]
         if self._vocab_size > self._tokenizer_size:
             # Padded embedding rows have no token behind them.
             logits[:, self._tokenizer_size :] = float("-inf")
         return logits
+
+    def _media_embeddings(
+        self, ids: torch.Tensor, work: list[tuple[_Sequence, int]], *, packed: bool
+    ) -> torch.Tensor | None:
+        """Input embeddings with the placeholders of this step's media replaced by their
+        features; None when no scheduled piece covers a placeholder (text stays on input_ids).
+
+        A prompt split across steps takes the slice of each media's features its piece covers;
+        a media's features are computed once per request, when a piece first needs them.
+        """
+        pieces: list[tuple[int, int, torch.Tensor]] = []
+        offset = 0
+        for row, (seq, take) in enumerate(work):
+            lo, hi = seq.computed, seq.computed + take
+            for index, media in enumerate(seq.owner.request.media):
+                a, b = max(lo, media.start), min(hi, media.start + media.length)
+                if a >= b:
+                    continue
+                features = seq.owner.features.get(index)
+                if features is None:
+                    if self._media is None:  # _invalid refuses media without a processor
+                        raise RuntimeError("media without an encoder")
+                    features = seq.owner.features[index] = self._media.encode(media)
+                at = (0, offset + a - lo) if packed else (row, 0)
+                pieces.append((*at, features[a - media.start : b - media.start]))
+            offset += take
+        if not pieces:
+            return None
+        embeds = self.model.get_input_embeddings()(ids)
+        for row, col, features in pieces:
+            embeds[row, col : col + features.shape[0]] = features.to(embeds.device, embeds.dtype)
+        return embeds
 
     # -- sampling and appending -------------------------------------------------------------
 
@@ -746,8 +846,28 @@ class Engine:
         return text[: min(cuts)] if cuts else None
 
 
+def _media_key(media: Sequence[MediaInput], lo: int, hi: int) -> bytes:
+    """The digests of the media whose placeholders fall in tokens [lo, hi): identical
+    placeholder ids of different images must not share cached blocks. Later blocks differ
+    too, through their parent's digest."""
+    if not media:
+        return b""
+    return b"".join(m.digest for m in media if m.start < hi and lo < m.start + m.length)
+
+
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
+def _prompt_digests(request: GenerationRequest, block_size: int) -> list[bytes]:
+    """Digests of the prompt's full blocks, each chained to the one before it."""
+    prompt, digests = request.prompt_ids, []
+    for lo in range(0, len(prompt) - block_size + 1, block_size):
+        hi = lo + block_size
+        parent = digests[-1] if digests else b""
+        media = _media_key(request.media, lo, hi)
+        digests.append(block_digest(parent, request.cache_scope, prompt[lo:hi], media))
+    return digests
 
 
 def _age(seq: _Sequence) -> tuple[int, int]:

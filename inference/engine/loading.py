@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from inference.media_layout import ENGINE_MEDIA_ARCHITECTURES
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -47,7 +49,12 @@ def load_model(
     mode on `device` (default: cuda when available, else cpu), spread over all GPUs with
     accelerate when there is more than one. `chat_template` replaces the tokenizer's own.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForMultimodalLM,
+        AutoTokenizer,
+    )
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,7 +64,14 @@ def load_model(
     if revision:
         options["revision"] = revision
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(weights, **options)
+        # Architectures with media encoders (LLaVA, Qwen2-Audio) are not causal-LM classes.
+        auto = (
+            AutoModelForMultimodalLM
+            if config.model_type in ENGINE_MEDIA_ARCHITECTURES
+            else AutoModelForCausalLM
+        )
+        model: Any = auto.from_pretrained(
             weights, dtype=torch_dtype, device_map="auto" if spread else None, **options
         )
         tok = AutoTokenizer.from_pretrained(tokenizer or weights, **options)
@@ -71,3 +85,17 @@ def load_model(
     if not tok.chat_template:
         raise ModelLoadError(f"{tokenizer or weights!r} has no chat template and none was given")
     return model, tok
+
+
+def load_processor(weights: str, *, revision: str | None = None) -> Any:
+    """The revision's processor (image processor or feature extractor + tokenizer), for media
+    rows; local files only."""
+    from transformers import AutoProcessor
+
+    options: dict[str, Any] = {"local_files_only": True}
+    if revision:
+        options["revision"] = revision
+    try:
+        return AutoProcessor.from_pretrained(weights, **options)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        raise ModelLoadError(f"cannot load the processor of {weights!r}: {exc}") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -44,6 +45,21 @@ class SamplingParams:
     tool_calls: bool = False
 
 
+@dataclass(frozen=True)
+class MediaInput:
+    """One image or audio clip of a prompt, already decoded, and where its placeholders are.
+
+    `prompt_ids[start:start + length]` are placeholder tokens; at prefill the engine runs the
+    model's encoder on `value` once and feeds its `length` feature vectors in their place.
+    """
+
+    modality: str  # "image" | "audio"
+    value: Any  # an RGB PIL.Image.Image, or 1-D float32 samples at the feature extractor's rate
+    digest: bytes  # a hash of the media's bytes: placeholders alone do not tell images apart
+    start: int
+    length: int
+
+
 @dataclass
 class GenerationRequest:
     id: str  # opaque, echoed back
@@ -53,6 +69,7 @@ class GenerationRequest:
     # (the worker sets the organization and deployment), so no tenant can probe another's
     # prompts through cache hits or timing.
     cache_scope: str = ""
+    media: list[MediaInput] = field(default_factory=list)  # in prompt order, spans disjoint
 
 
 @dataclass

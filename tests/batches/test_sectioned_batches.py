@@ -95,3 +95,51 @@ def test_sectioned_batch_runs_merged_requests_and_bills_cached_prefixes(api: Api
         for b in bodies
     )
     assert payload["charge_microusd"] == str(expected)
+
+
+def test_two_hundred_requests_sharing_a_section_prefix_compute_it_once(api: Api, catalog_model):
+    tokenizer = tokenizer_for(catalog_model.revision)
+    words = ("Answer as the bakery's careful support agent, briefly and politely. " * 80).split()
+    system = " ".join(words[:100])
+    while len(render_prompt(tokenizer, [{"role": "system", "content": system}])) < 500:
+        system += " " + words[len(system.split()) % len(words)]
+    rows: list[dict] = [
+        {"type": "header", "format": "batchrouter.sectioned.v1"},
+        {
+            "type": "section",
+            "section_id": "prefix",
+            "body": {
+                "model": "boardwalk/tiny-chat",
+                "max_completion_tokens": 2,
+                "temperature": 0,
+                "messages": [{"role": "system", "content": system}],
+            },
+        },
+    ]
+    rows += [
+        {
+            "type": "request",
+            "custom_id": f"q{i}",
+            "body": {"messages": [{"role": "user", "content": f"Question {i}?"}]},
+        }
+        for i in range(200)
+    ]
+    file_id = api.upload(jsonl(*rows)).json()["id"]
+    response = create(api, file_id, metadata=SECTIONED)
+    assert response.status_code == 200, response.content
+
+    run_worker(response.json()["id"])
+    batch = finalize(response.json()["id"])
+
+    assert batch is not None and batch.status == "completed"
+    payload = api.get(f"/v1/batches/{batch.id}").json()
+    output = parse_jsonl(content_of(api.get(f"/v1/files/{payload['output_file_id']}/content")))
+    assert len(output) == 200
+    usage = [r["response"]["body"]["usage"] for r in output]
+    prefix = len(render_prompt(tokenizer, [{"role": "system", "content": system}]))
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usage]
+    # The prefix is computed once (by whichever row ran first); every other row reads all of
+    # its whole blocks from the cache and pays the cached rate for them.
+    assert sorted(cached)[0] == 0 and cached.count(0) == 1
+    assert all(c >= prefix // 16 * 16 for c in cached if c)
+    assert payload["usage"]["input_tokens_details"]["cached_tokens"] == sum(cached)

@@ -48,11 +48,25 @@ def test_create_api_key_rejects_unknown_scope_and_org():
 def test_bootstrap_demo_is_idempotent_and_prints_one_json_line(settings, tmp_path):
     settings.MODELS_DIR = tmp_path / "models"
     first = json.loads(run("bootstrap_demo", "--json"))
-    assert set(first) == {"org_id", "api_key", "read_key", "model", "deployment"}
+    assert set(first) == {
+        "org_id",
+        "api_key",
+        "read_key",
+        "model",
+        "deployment",
+        "vision_model",
+        "audio_model",
+    }
     second = json.loads(run("bootstrap_demo", "--json"))
     assert second["org_id"] == first["org_id"]
     assert Organization.objects.count() == 1
     assert CatalogModel.objects.filter(name=first["model"]).count() == 1
+    # SPEC §13: images and audio can be tried in the demo.
+    vision = CatalogModel.objects.get(name=first["vision_model"])
+    audio = CatalogModel.objects.get(name=first["audio_model"])
+    assert (first["vision_model"], vision.batch_media) == ("boardwalk/tiny-vision", ["image"])
+    assert (first["audio_model"], audio.batch_media) == ("boardwalk/tiny-audio", ["audio"])
+    assert CatalogModel.objects.count() == 3
     assert Deployment.objects.get(name=first["deployment"]).org_id == first["org_id"]
     assert credit_for_org(org_id=first["org_id"]).balance == 100_000_000  # granted once
     read = api_key_authenticate(first["read_key"])

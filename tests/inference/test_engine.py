@@ -196,6 +196,24 @@ def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> Non
     assert results["again"].choices[0].token_ids == reference(model, first, 6)
 
 
+def test_a_prefix_shared_by_rows_admitted_together_is_computed_once(model, tokenizer) -> None:
+    system = LONG_SYSTEM * 4  # several blocks, longer than one step's prompt budget below
+    prompts = [prompt(tokenizer, f"Question number {i}?", system=system) for i in range(12)]
+    shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)
+    # All twelve rows are admitted in the first step; the budget splits the prefix over steps.
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=12, max_step_tokens=64)
+
+    results = run(engine, [GenerationRequest(str(i), p, greedy(3)) for i, p in enumerate(prompts)])
+
+    block = engine.block_size
+    assert shared > 2 * 64
+    assert results["0"].cached_tokens == 0
+    # Every other row waited for the first one's blocks instead of computing them again.
+    assert [results[str(i)].cached_tokens for i in range(1, 12)] == [shared // block * block] * 11
+    for i in (1, 11):
+        assert results[str(i)].choices[0].token_ids == reference(model, prompts[i], 3)
+
+
 def test_prefix_reuse_never_crosses_cache_scopes(model, tokenizer) -> None:
     ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
     engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)

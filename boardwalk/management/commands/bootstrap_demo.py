@@ -11,6 +11,12 @@ from billing.services import credit_grant
 from boardwalk.models import Organization
 from boardwalk.services import api_key_create
 from inference.demo_model import build_demo_model, demo_revision_fields
+from inference.demo_multimodal import (
+    audio_revision_fields,
+    build_audio_model,
+    build_vision_model,
+    vision_revision_fields,
+)
 from inference.models import CatalogModel, Deployment, ModelRevision
 from inference.services import (
     catalog_model_create,
@@ -21,6 +27,8 @@ from inference.services import (
 
 DEMO_ORG = "demo"
 DEMO_MODEL = "boardwalk/tiny-chat"
+DEMO_VISION_MODEL = "boardwalk/tiny-vision"  # batch media ["image"] (SPEC §13)
+DEMO_AUDIO_MODEL = "boardwalk/tiny-audio"  # batch media ["audio"]
 DEMO_DEPLOYMENT = "demo-agent"
 DEMO_PRICES = (150_000, 75_000, 600_000)  # µUSD per million tokens: input, cached, output
 DEMO_GPU_SECOND_PRICE = 400  # µUSD per GPU-second
@@ -47,6 +55,9 @@ class Command(BaseCommand):
         self, *args, json: bool = False, example: bool = False, base_url: str, size: str, **options
     ):
         path = build_demo_model(settings.MODELS_DIR / f"tiny-chat-{size}", size=size)
+        # Tiny whatever the size: they exist to try images and audio, not to benchmark.
+        vision_path = build_vision_model(settings.MODELS_DIR / "tiny-vision")
+        audio_path = build_audio_model(settings.MODELS_DIR / "tiny-audio")
         with transaction.atomic():
             org, _ = Organization.objects.get_or_create(name=DEMO_ORG)
             fields = demo_revision_fields(path, size)
@@ -58,6 +69,8 @@ class Command(BaseCommand):
                 catalog_model_create(name=DEMO_MODEL, revision=revision, prices=DEMO_PRICES)
             elif catalog.revision_id != revision.id:  # --model-size switched: serve that one
                 catalog_model_set_revision(model=catalog, revision=revision)
+            _media_model(DEMO_VISION_MODEL, vision_revision_fields(vision_path), ["image"])
+            _media_model(DEMO_AUDIO_MODEL, audio_revision_fields(audio_path), ["audio"])
             if not Deployment.objects.filter(name=DEMO_DEPLOYMENT).exists():
                 deployment_create(
                     org=org,
@@ -77,11 +90,17 @@ class Command(BaseCommand):
             "read_key": read_key.secret,
             "model": DEMO_MODEL,
             "deployment": DEMO_DEPLOYMENT,
+            "vision_model": DEMO_VISION_MODEL,
+            "audio_model": DEMO_AUDIO_MODEL,
         }
         if json:
             self.stdout.write(jsonlib.dumps(payload, separators=(",", ":")))
             return
         self.stdout.write(f"Demo organization {org.id} is ready with 100 USD of credit.")
+        self.stdout.write(
+            f"Models: {DEMO_MODEL} (text), {DEMO_VISION_MODEL} (images), "
+            f"{DEMO_AUDIO_MODEL} (audio); deployment {DEMO_DEPLOYMENT}."
+        )
         self.stdout.write(
             f"API key (inference:write, requests:read; shown once): {write_key.secret}"
         )
@@ -91,3 +110,15 @@ class Command(BaseCommand):
             self.stdout.write(
                 example_text.format(key=write_key.secret, base=base_url, model=DEMO_MODEL)
             )
+
+
+def _media_model(name: str, fields: dict, media: list[str]) -> None:
+    """The catalog entry `name` serving the demo media model of `fields` (created once)."""
+    revision = ModelRevision.objects.filter(
+        weights=fields["weights"], label=fields["label"]
+    ).first() or revision_create(**fields)
+    catalog = CatalogModel.objects.filter(name=name).first()
+    if catalog is None:
+        catalog_model_create(name=name, revision=revision, prices=DEMO_PRICES, media=media)
+    elif catalog.revision_id != revision.id:
+        catalog_model_set_revision(model=catalog, revision=revision)
