@@ -22,10 +22,13 @@ class BatchAdmin(admin.ModelAdmin):
         "billing",
         "charge_microusd",
         "created_at",
+        "duration",
         "expires_at",
     )
-    list_filter = ("status", "billing", "model_name")
-    search_fields = ("id", "org__name", "input_file__id")
+    list_filter = ("status", "billing", "model_name", "created_at")
+    list_select_related = ("org",)
+    search_fields = ("id", "org__name", "org__id", "input_file__id")
+    date_hierarchy = "created_at"
     fields = (
         "id",
         "org",
@@ -58,7 +61,12 @@ class BatchAdmin(admin.ModelAdmin):
         "failed_at",
         "expired_at",
     )
-    readonly_fields = fields
+    readonly_fields = (*fields, "duration")
+
+    @admin.display(description="took")
+    def duration(self, obj: Batch) -> str:
+        ended = obj.completed_at or obj.cancelled_at or obj.failed_at or obj.expired_at
+        return "—" if ended is None else str(ended - obj.created_at).split(".")[0]
 
     def has_add_permission(self, request: Any) -> bool:
         return False

@@ -18,6 +18,7 @@ from django.db import transaction
 from django.db.models import F, Min, Q, QuerySet
 
 from batches.models import Batch, BatchItem
+from billing.metering import UsageFacts, seconds_to_microseconds, usage_record
 from boardwalk import clock
 from boardwalk.codes import ItemCode
 from boardwalk.faultpoints import fault_point
@@ -219,7 +220,6 @@ def items_record(
                 usage_prompt_tokens=o.prompt_tokens,
                 usage_cached_tokens=o.cached_tokens if o.succeeded else 0,
                 usage_completion_tokens=o.completion_tokens if o.succeeded else 0,
-                gpu_seconds=F("gpu_seconds") + o.gpu_seconds,
                 lease_owner="",
                 lease_expires_at=None,
                 completed_at=now,
@@ -257,19 +257,36 @@ def item_finish(
     return items_record(outcomes=[outcome], worker_id=worker_id)[0]
 
 
-def item_release(*, item: BatchItem, worker_id: str, gpu_seconds: float = 0.0) -> None:
-    """Give an unfinished item back (aborted or worker stopping); its GPU time still counts."""
-    BatchItem.objects.filter(
-        id=item.id,
-        state=BatchItem.State.RUNNING,
-        lease_owner=worker_id,
-        lease_token=item.lease_token,
-    ).update(
-        state=BatchItem.State.PENDING,
-        lease_owner="",
-        lease_expires_at=None,
-        gpu_seconds=F("gpu_seconds") + gpu_seconds,
-    )
+def item_release(*, item: BatchItem, worker_id: str, gpu_seconds: float = 0.0) -> bool:
+    """Give an unfinished item back (aborted or worker stopping); its GPU time still counts.
+
+    The GPU time becomes a usage event in the transaction that hands the lease back, under
+    the same fence: deployments pay for aborted work (SPEC §8), and only once. False if the
+    lease was lost already (nothing is handed back, nothing metered).
+    """
+    with transaction.atomic():
+        released = BatchItem.objects.filter(
+            id=item.id,
+            state=BatchItem.State.RUNNING,
+            lease_owner=worker_id,
+            lease_token=item.lease_token,
+        ).update(state=BatchItem.State.PENDING, lease_owner="", lease_expires_at=None)
+        if released:
+            usage_record(
+                facts=[
+                    UsageFacts(
+                        org_id=item.org_id_key,
+                        batch_id=item.batch_id,
+                        item_id=item.pk,
+                        attempt=item.lease_token,
+                        revision_id=item.revision_id_key,
+                        deployment_id=item.deployment_id_key,
+                        outcome="released",
+                        gpu_microseconds=seconds_to_microseconds(gpu_seconds),
+                    )
+                ]
+            )
+    return bool(released)
 
 
 def batch_has_open_items(*, batch_id: str) -> bool:

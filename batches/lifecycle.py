@@ -19,6 +19,7 @@ from django.db.models import Q
 from batches.items import batch_has_open_items, batch_live_leases, batch_revoke_leases
 from batches.models import Batch, BatchItem
 from batches.retention import item_results_drop
+from billing.metering import gpu_microseconds_by_item
 from billing.pricing import TokenPrices, gpu_charge, token_charge
 from billing.services import credit_settle
 from boardwalk import clock
@@ -155,7 +156,6 @@ def _publish(batch: Batch) -> Batch:
             "usage_prompt_tokens",
             "usage_cached_tokens",
             "usage_completion_tokens",
-            "gpu_seconds",
         )
     )
     # Decide every row first (deterministically, from item states that can no longer
@@ -208,7 +208,7 @@ def _publish(batch: Batch) -> Batch:
         else None
     )
     by_id = {item.id: item for item in items}
-    charges = _charges(batch, [by_id[i] for i in published], items)
+    charges = _charges(batch, [by_id[i] for i in published])
     usage = _usage([by_id[i] for i in published])
     now = clock.now()
     terminal = batch.outcome
@@ -228,7 +228,11 @@ def _publish(batch: Batch) -> Batch:
             BatchItem.objects.bulk_update(charged, ["charge_microusd"], batch_size=500)
             BatchItem.objects.filter(id__in=published).update(published=True)
             credit_settle(
-                org_id=batch.org_id, batch_id=batch.id, charge_microusd=sum(charges.values())
+                org_id=batch.org_id,
+                batch_id=batch.id,
+                charge_microusd=sum(charges.values()),
+                revision_id=batch.revision_id,
+                deployment_id=batch.deployment_id or "",
             )
             # The webhook outbox row commits with the terminal state, or not at all.
             batch_event_record(org_id=batch.org_id, batch_id=batch.id, status=terminal)
@@ -257,7 +261,7 @@ def _shred_input(file_id: str) -> None:
         file_shred(file=file)
 
 
-def _charges(batch: Batch, published: list[BatchItem], items: list[BatchItem]) -> dict[int, int]:
+def _charges(batch: Batch, published: list[BatchItem]) -> dict[int, int]:
     if batch.billing == Batch.Billing.CATALOG:
         prices = TokenPrices(
             batch.price_input or 0, batch.price_cached_input or 0, batch.price_output or 0
@@ -271,11 +275,12 @@ def _charges(batch: Batch, published: list[BatchItem], items: list[BatchItem]) -
             )
             for item in published
         }
-    # GPU time: every item the engine worked on, published or not (SPEC §8).
+    # GPU time: every item the engine worked on, published or not, every attempt (SPEC §8),
+    # in integer microseconds from the usage events.
+    price = batch.gpu_second_price or 0
     return {
-        item.id: gpu_charge(seconds=item.gpu_seconds, price_per_second=batch.gpu_second_price or 0)
-        for item in items
-        if item.gpu_seconds > 0
+        item_id: gpu_charge(microseconds=us, price_per_second=price)
+        for item_id, us in gpu_microseconds_by_item(batch_id=batch.id).items()
     }
 
 

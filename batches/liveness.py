@@ -15,7 +15,10 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
+import time
+from collections import deque
 
 from django.conf import settings
 from django.db import transaction
@@ -42,10 +45,49 @@ def worker_id() -> str:
     return f"{process_id()}:{threading.get_ident()}"
 
 
+RATE_WINDOW_SECONDS = 60.0
+_recorded_lock = threading.Lock()
+_recorded = 0
+_samples: deque[tuple[float, int]] = deque()
+
+
+def items_recorded_add(count: int) -> None:
+    """The record stage wrote `count` results in this process (the workers view's rate)."""
+    global _recorded
+    with _recorded_lock:
+        _recorded += count
+
+
+def _throughput() -> tuple[int, float]:
+    """(results written by this process, results per second over the last minute)."""
+    now = time.monotonic()
+    with _recorded_lock:
+        total = _recorded
+        _samples.append((now, total))
+        while len(_samples) > 1 and now - _samples[0][0] > RATE_WINDOW_SECONDS:
+            _samples.popleft()
+        first_at, first = _samples[0]
+    elapsed = now - first_at
+    return total, (total - first) / elapsed if elapsed > 0 else 0.0
+
+
+def _loaded_revisions() -> list[str]:
+    # Read without importing: a process that never imported the runtime has no engine, and
+    # importing it here would pull transformers into every process that beats.
+    runtime = sys.modules.get("inference.runtime")
+    return sorted(runtime.loaded_revision_ids()) if runtime is not None else []
+
+
 def worker_beat(*, process: str) -> None:
     now = clock.now()
-    if not WorkerProcess.objects.filter(id=process).update(seen_at=now):
-        WorkerProcess.objects.get_or_create(id=process, defaults={"seen_at": now})
+    recorded, rate = _throughput()
+    stats = {
+        "revisions": _loaded_revisions(),
+        "items_recorded": recorded,
+        "items_per_second": round(rate, 3),
+    }
+    if not WorkerProcess.objects.filter(id=process).update(seen_at=now, **stats):
+        WorkerProcess.objects.get_or_create(id=process, defaults={"seen_at": now, **stats})
 
 
 def worker_leave(*, process: str) -> None:

@@ -152,7 +152,6 @@ class BatchItem(models.Model):
     usage_prompt_tokens = models.PositiveIntegerField(default=0)
     usage_cached_tokens = models.PositiveIntegerField(default=0)
     usage_completion_tokens = models.PositiveIntegerField(default=0)
-    gpu_seconds = models.FloatField(default=0.0)
     # Set at finalization for rows durably published in the output file.
     published = models.BooleanField(default=False)
     charge_microusd = models.BigIntegerField(default=0)
@@ -208,6 +207,10 @@ class WorkerProcess(models.Model):
     id = models.CharField(primary_key=True, max_length=100)
     started_at = models.DateTimeField(default=clock.now, editable=False)
     seen_at = models.DateTimeField(default=clock.now, db_index=True)
+    # Stamped with each beat, for the staff console's workers view (ids and counts only).
+    revisions = models.JSONField(default=list, blank=True, help_text="Revisions with an engine.")
+    items_recorded = models.BigIntegerField(default=0, help_text="Results written since start.")
+    items_per_second = models.FloatField(default=0.0, help_text="Over the last minute.")
 
     def __str__(self) -> str:
         return self.id

@@ -14,8 +14,8 @@ from batches.batchrouter import assignment_check_target
 from batches.models import Batch, BatchItem
 from batches.requests import BatchSubmission
 from batches.tasks import engine_wake, finalize
-from billing.pricing import TokenPrices, token_hold
-from billing.selectors import credit_for_org
+from billing.pricing import TokenPrices, gpu_charge, token_hold
+from billing.selectors import credit_for_org, revision_gpu_microseconds_per_token
 from billing.services import credit_hold
 from boardwalk import clock
 from boardwalk.broker import send_after_commit
@@ -183,8 +183,12 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         )
     elif target.deployment is not None:
         tokens = sum(i.prompt_tokens + i.max_tokens * i.n for i in items)
-        micro_gpu_seconds = tokens * settings.GPU_MICROSECONDS_PER_TOKEN_ESTIMATE
-        hold = -(-micro_gpu_seconds * target.deployment.gpu_second_price // 1_000_000)
+        per_token = revision_gpu_microseconds_per_token(revision_id=target.revision.id)
+        if per_token is None:
+            per_token = settings.GPU_MICROSECONDS_PER_TOKEN_ESTIMATE
+        hold = gpu_charge(
+            microseconds=tokens * per_token, price_per_second=target.deployment.gpu_second_price
+        )
     else:
         raise ValueError(f"model {target.name!r} resolved to neither catalog nor deployment")
     assignment_check_target(

@@ -35,3 +35,72 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.amount_microusd} µUSD ({self.org_id})"
+
+
+class UsageEvent(models.Model):
+    """One integer usage fact of one item attempt (DESIGN decision 10). Append-only.
+
+    Written in the transaction that records the item's result (or hands an aborted item
+    back) under its fencing token, so a fenced-off or retried write never counts: the
+    unique (item, attempt, kind) makes a second count an error, not a silent double. Ids
+    are plain strings: billing sits below batches and inference and imports neither.
+    """
+
+    class Kind(models.TextChoices):
+        INPUT_TOKENS = "input_tokens"  # every prompt token, cached ones included
+        CACHED_TOKENS = "cached_tokens"  # the part of input_tokens found in the prefix cache
+        OUTPUT_TOKENS = "output_tokens"
+        GPU_MICROSECONDS = "gpu_microseconds"  # engine busy time (its share of each step)
+
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
+    batch_id = models.CharField(max_length=40, db_index=True)
+    item_id = models.BigIntegerField()
+    attempt = models.PositiveBigIntegerField(help_text="The item's lease token when written.")
+    revision_id = models.CharField(max_length=40)
+    deployment_id = models.CharField(max_length=40, blank=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    quantity = models.BigIntegerField()
+    created_at = models.DateTimeField(default=clock.now, editable=False, db_index=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["item_id", "attempt", "kind"], name="usage_event_once"),
+            models.CheckConstraint(
+                condition=models.Q(quantity__gt=0), name="usage_event_quantity_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.quantity} ({self.batch_id}#{self.item_id})"
+
+
+class UsageRollup(models.Model):
+    """Hourly sums of the usage events and of settled spend, per org, revision, deployment.
+
+    Maintained in the same transactions as the events and the ledger's charge entries (one
+    upsert per key), so the dashboard reads a few thousand rows instead of millions of
+    events, and its spend is the ledger's charges to the micro-dollar.
+    """
+
+    bucket = models.DateTimeField(help_text="Start of the UTC hour.")
+    org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
+    revision_id = models.CharField(max_length=40)
+    deployment_id = models.CharField(max_length=40, blank=True)
+    input_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    gpu_microseconds = models.BigIntegerField(default=0)
+    items_succeeded = models.BigIntegerField(default=0)
+    items_failed = models.BigIntegerField(default=0)
+    spend_microusd = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["bucket", "org", "revision_id", "deployment_id"], name="usage_rollup_key"
+            ),
+        ]
+        indexes = [models.Index(fields=["revision_id", "bucket"], name="usage_rollup_revision")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H}h {self.org_id} {self.revision_id}"

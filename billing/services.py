@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import secrets
 
 from django.db import IntegrityError, transaction
 
+from billing.metering import spend_record
 from billing.models import LedgerEntry
+from boardwalk import clock
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from boardwalk.models import Organization
@@ -16,7 +19,14 @@ logger = logging.getLogger(__name__)
 
 
 def _append(
-    *, org_id: str, kind: str, amount: int, key: str, batch_id: str = "", memo: str = ""
+    *,
+    org_id: str,
+    kind: str,
+    amount: int,
+    key: str,
+    batch_id: str = "",
+    memo: str = "",
+    at: dt.datetime | None = None,
 ) -> bool:
     """Append one entry; False if an entry with this key exists already (a retry)."""
     try:
@@ -28,6 +38,7 @@ def _append(
                 idempotency_key=key,
                 batch_id=batch_id,
                 memo=memo,
+                created_at=at or clock.now(),
             )
     except IntegrityError:
         if LedgerEntry.objects.filter(idempotency_key=key).exists():
@@ -58,8 +69,15 @@ def credit_hold(*, org_id: str, batch_id: str, amount_microusd: int) -> None:
     )
 
 
-def credit_settle(*, org_id: str, batch_id: str, charge_microusd: int) -> None:
-    """Replace a batch's hold by its actual charge; safe to call any number of times."""
+def credit_settle(
+    *, org_id: str, batch_id: str, charge_microusd: int, revision_id: str, deployment_id: str = ""
+) -> None:
+    """Replace a batch's hold by its actual charge; safe to call any number of times.
+
+    The charge is added to the usage rollup (the dashboard's spend) only when its ledger
+    entry is appended, in the same transaction: spend and ledger cannot disagree.
+    """
+    now = clock.now()
     with transaction.atomic():
         hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{batch_id}").first()
         if hold is not None:
@@ -70,11 +88,18 @@ def credit_settle(*, org_id: str, batch_id: str, charge_microusd: int) -> None:
                 key=f"release:{batch_id}",
                 batch_id=batch_id,
             )
-        if charge_microusd > 0:
-            _append(
+        if charge_microusd > 0 and _append(
+            org_id=org_id,
+            kind=LedgerEntry.Kind.CHARGE,
+            amount=charge_microusd,
+            key=f"charge:{batch_id}",
+            batch_id=batch_id,
+            at=now,
+        ):
+            spend_record(
                 org_id=org_id,
-                kind=LedgerEntry.Kind.CHARGE,
-                amount=charge_microusd,
-                key=f"charge:{batch_id}",
-                batch_id=batch_id,
+                revision_id=revision_id,
+                deployment_id=deployment_id,
+                amount_microusd=charge_microusd,
+                at=now,
             )

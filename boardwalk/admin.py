@@ -6,13 +6,16 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Count, Q
 
 from boardwalk.models import ALL_SCOPES, ApiKey, Organization
-from boardwalk.services import api_key_create, api_key_revoke
+from boardwalk.services import api_key_create, api_key_revoke, org_create
 
 admin.site.site_header = "Boardwalk console"
 admin.site.site_title = "Boardwalk"
 admin.site.index_title = "Operations"
+# Links to the staff console (usage dashboard, workers) above the model lists.
+admin.site.index_template = "admin/boardwalk_index.html"
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -29,10 +32,33 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("name", "id", "created_at")
+    """billing.admin extends this with credit (the foundation imports no app above it)."""
+
+    list_display = ("name", "id", "active_keys", "created_at")
     search_fields = ("name", "id")
     readonly_fields = ("id", "created_at")
     inlines = [ApiKeyInline]
+
+    def get_queryset(self, request: Any) -> Any:
+        # Counted in the list query itself: no query per row.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(keys=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True)))
+        )
+
+    @admin.display(description="active keys", ordering="keys")
+    def active_keys(self, obj: Any) -> int:
+        return obj.keys
+
+    def save_model(self, request: Any, obj: Organization, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        obj.pk = org_create(name=form.cleaned_data["name"]).pk
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False  # the ledger and the batches refer to it
 
 
 class ApiKeyCreateForm(forms.ModelForm):
@@ -49,8 +75,9 @@ class ApiKeyCreateForm(forms.ModelForm):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "org", "name", "scopes", "created_at", "revoked_at")
-    list_filter = ("revoked_at",)
+    list_display = ("prefix", "org", "name", "scopes", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "last_used_at")
+    list_select_related = ("org",)
     search_fields = ("prefix", "org__name", "name")
     actions = ["revoke"]
 

@@ -6,6 +6,7 @@ in-process Dramatiq worker. Production sets DATABASE_URL, REDIS_URL and BOARDWAL
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -70,12 +71,14 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "chartkick.django",  # static Chart.js + Chartkick.js for the usage dashboard (no CDN)
     "boardwalk",
     "inference",
     "files",
     "billing",
     "batches",
     "webhooks",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -83,6 +86,8 @@ MIDDLEWARE = [
     # Then: refuses oversized or chunked bodies before anything reads them.
     "boardwalk.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's CSS, the usage dashboard's Chart.js) from the app server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -165,6 +170,12 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
+# Served straight from the apps' static folders, so `make run` needs no collectstatic;
+# `manage.py collectstatic` first lets WhiteNoise serve STATIC_ROOT with far-future caching.
+WHITENOISE_USE_FINDERS = True
+# WhiteNoise warns at start-up about a STATIC_ROOT that does not exist (no collectstatic yet).
+with contextlib.suppress(OSError):
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 # Content storage: encrypted blobs only, through django-storages.
 S3_BUCKET = env_str("BOARDWALK_S3_BUCKET")

@@ -7,6 +7,8 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
+    # The staff console's own pages first: the admin's catch-all would answer them 404.
+    path("admin/", include("console.urls")),
     path("admin/", admin.site.urls),
     path("v1/", include("boardwalk.api_urls")),
 ]

@@ -22,8 +22,9 @@ class FileAdmin(admin.ModelAdmin):
         "created_at",
         "expires_at",
     )
-    list_filter = ("purpose", "status")
-    search_fields = ("id", "org__name")
+    list_filter = ("purpose", "status", "created_at")
+    list_select_related = ("org",)
+    search_fields = ("id", "org__name", "org__id")
     fields = (
         "id",
         "org",

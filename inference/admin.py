@@ -1,22 +1,69 @@
+"""Staff console for the catalog: every write goes through inference.services, so the admin
+keeps the rules the API and the commands keep (one name means one thing, SPEC §3)."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 
+from boardwalk.errors import BoardwalkError
 from inference.models import CatalogModel, Deployment, ModelRevision
+from inference.services import (
+    catalog_model_create,
+    catalog_model_set_revision,
+    catalog_model_update,
+    deployment_create,
+    deployment_update,
+    model_name_check,
+    revision_create,
+)
+
+
+class _NewNameForm(forms.ModelForm):
+    """Refuses a name the catalog or a deployment already uses, as the services would."""
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        try:
+            model_name_check(name=name)
+        except BoardwalkError as exc:
+            raise forms.ValidationError(exc.message) from exc
+        return name
 
 
 @admin.register(ModelRevision)
 class ModelRevisionAdmin(admin.ModelAdmin):
     list_display = ("id", "label", "context_length", "dtype", "modalities", "created_at")
     search_fields = ("id", "label")
+    list_filter = ("dtype",)
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
         # Revisions are immutable once created: a change is a new revision.
         if obj is None:
             return ("id", "created_at")
         return [f.name for f in ModelRevision._meta.fields]
+
+    def save_model(self, request: Any, obj: ModelRevision, form: Any, change: bool) -> None:
+        if change:
+            return
+        fields = {k: v for k, v in form.cleaned_data.items() if k not in ("id", "created_at")}
+        obj.pk = revision_create(**fields).pk
+
+
+class CatalogModelCreateForm(_NewNameForm):
+    class Meta:
+        model = CatalogModel
+        fields = (
+            "name",
+            "revision",
+            "batch_enabled",
+            "price_input",
+            "price_cached_input",
+            "price_output",
+            "batch_media",
+        )
 
 
 @admin.register(CatalogModel)
@@ -28,13 +75,70 @@ class CatalogModelAdmin(admin.ModelAdmin):
         "price_input",
         "price_cached_input",
         "price_output",
+        "created_at",
     )
     list_filter = ("batch_enabled",)
-    search_fields = ("name",)
+    list_select_related = ("revision",)
+    search_fields = ("name", "revision__id", "revision__label")
+
+    def get_form(self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = CatalogModelCreateForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
+        # Clients target the name: renaming would silently re-point their files.
+        return ("created_at",) if obj is None else ("name", "created_at")
+
+    def save_model(self, request: Any, obj: CatalogModel, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        prices = (
+            (data["price_input"], data["price_cached_input"], data["price_output"])
+            if data["batch_enabled"]
+            else None
+        )
+        media = list(data.get("batch_media") or [])
+        if not change:
+            obj.pk = catalog_model_create(
+                name=data["name"], revision=data["revision"], prices=prices, media=media
+            ).pk
+            return
+        if "revision" in form.changed_data:
+            catalog_model_set_revision(model=obj, revision=data["revision"])
+        catalog_model_update(model=obj, prices=prices, media=media)
+
+
+class DeploymentCreateForm(_NewNameForm):
+    class Meta:
+        model = Deployment
+        fields = ("name", "org", "revision", "gpu_second_price")
 
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     list_display = ("name", "org", "revision", "gpu_second_price", "created_at")
-    search_fields = ("name", "org__name")
+    search_fields = ("name", "org__name", "id")
     list_filter = ("org",)
+    list_select_related = ("org", "revision")
+
+    def get_form(self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = DeploymentCreateForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
+        return ("id", "created_at") if obj is None else ("id", "name", "org", "created_at")
+
+    def save_model(self, request: Any, obj: Deployment, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        if not change:
+            obj.pk = deployment_create(
+                org=data["org"],
+                name=data["name"],
+                revision=data["revision"],
+                gpu_second_price=data["gpu_second_price"],
+            ).pk
+            return
+        deployment_update(
+            deployment=obj, revision=data["revision"], gpu_second_price=data["gpu_second_price"]
+        )

@@ -95,6 +95,12 @@ def engine_for(revision: ModelRevision) -> Any:
     return engine
 
 
+def loaded_revision_ids() -> list[str]:
+    """Revisions this process holds an engine for (reported by the liveness beat)."""
+    with _lock:
+        return list(_engines)
+
+
 def engine_drop(revision_id: str) -> None:
     """Forget a broken engine: the next wake-up loads it afresh."""
     with _lock:

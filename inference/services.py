@@ -45,6 +45,13 @@ def _name_taken(name: str) -> bool:
     )
 
 
+def model_name_check(*, name: str) -> None:
+    """Raise Conflict if `name` already means a catalog model or a deployment (the admin's
+    forms ask before they create; the create services check again in their transaction)."""
+    if _name_taken(name):
+        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
+
+
 @transaction.atomic
 def catalog_model_create(
     *,
@@ -54,8 +61,7 @@ def catalog_model_create(
     media: list[str] | None = None,
 ) -> CatalogModel:
     """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch."""
-    if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
+    model_name_check(name=name)
     price_input, price_cached, price_output = prices or (0, 0, 0)
     return CatalogModel.objects.create(
         name=name,
@@ -77,8 +83,35 @@ def catalog_model_set_revision(*, model: CatalogModel, revision: ModelRevision) 
 def deployment_create(
     *, org: Organization, name: str, revision: ModelRevision, gpu_second_price: int
 ) -> Deployment:
-    if _name_taken(name):
-        raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
+    model_name_check(name=name)
     return Deployment.objects.create(
         org=org, name=name, revision=revision, gpu_second_price=gpu_second_price
+    )
+
+
+def catalog_model_update(
+    *, model: CatalogModel, prices: tuple[int, int, int] | None, media: list[str]
+) -> None:
+    """New batch prices (None = not for batch) and media; accepted batches keep theirs."""
+    price_input, price_cached, price_output = prices or (
+        model.price_input,
+        model.price_cached_input,
+        model.price_output,
+    )
+    CatalogModel.objects.filter(pk=model.pk).update(
+        batch_enabled=prices is not None,
+        price_input=price_input,
+        price_cached_input=price_cached,
+        price_output=price_output,
+        batch_media=media,
+    )
+
+
+def deployment_update(
+    *, deployment: Deployment, revision: ModelRevision, gpu_second_price: int
+) -> None:
+    """A deployment's revision and price; accepted batches keep the ones they pinned. Its
+    name and organization never change (clients and holds refer to them)."""
+    Deployment.objects.filter(pk=deployment.pk).update(
+        revision=revision, gpu_second_price=gpu_second_price
     )

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import orjson
 
 from batches.items import ItemOutcome, batches_without_open_items, item_release, items_record
+from batches.liveness import items_recorded_add
 from batches.models import Batch, BatchItem
+from billing.metering import UsageFacts, seconds_to_microseconds, usage_record
 from boardwalk import clock
 from boardwalk.codes import ItemCode
 from boardwalk.ids import derived_id
@@ -36,28 +38,13 @@ class Finished:
     error_code: str = ItemCode.INTERNAL_ERROR
 
 
-@dataclass(frozen=True)
-class UsageFacts:
-    """One recorded item's usage, as metering needs it (ids and counts only, no content)."""
-
-    org_id: str
-    batch_id: str
-    item_id: int
-    revision_id: str
-    deployment_id: str
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    gpu_microseconds: int
-    succeeded: bool
-
-
 def usage_recorded(facts: list[UsageFacts]) -> None:
     """Called inside the record transaction with the rows it just wrote under their fence.
 
-    THE place for per-item metering (billing): whatever is written here commits or rolls
-    back with the results themselves, so usage is recorded exactly once per published row.
+    THE place for per-item metering: the events and the rollup (billing.metering) commit or
+    roll back with the results themselves, so usage is recorded exactly once per written row.
     """
+    usage_record(facts=facts)
 
 
 class Record:
@@ -77,6 +64,7 @@ class Record:
             else:
                 outcomes.append(self._outcome(f))
         written = items_record(outcomes=outcomes, worker_id=self.owner, in_transaction=_meter)
+        items_recorded_add(sum(written))
         for item, busy_seconds in released:
             item_release(item=item, worker_id=self.owner, gpu_seconds=busy_seconds)
         for outcome, ok in zip(outcomes, written, strict=True):
@@ -137,8 +125,9 @@ def _meter(written: list[ItemOutcome]) -> None:
                 prompt_tokens=o.prompt_tokens,
                 cached_tokens=o.cached_tokens if o.succeeded else 0,
                 completion_tokens=o.completion_tokens if o.succeeded else 0,
-                gpu_microseconds=round(o.gpu_seconds * 1_000_000),
-                succeeded=o.succeeded,
+                attempt=o.item.lease_token,
+                outcome="succeeded" if o.succeeded else "failed",
+                gpu_microseconds=seconds_to_microseconds(o.gpu_seconds),
             )
             for o in written
         ]

@@ -11,6 +11,7 @@ from django.db import connection
 
 from batches.models import Batch, BatchItem, IdempotencyRecord
 from billing.models import LedgerEntry
+from billing.pricing import money_div
 from billing.selectors import credit_for_org
 from files.models import File
 from tests.conftest import PRICES, Api, Tenant, jsonl, make_tenant, postgres_only, request_line
@@ -58,7 +59,8 @@ def test_create_pins_revision_fixes_prices_and_holds_credit(
     assert [i.custom_id for i in items] == ["task-1", "task-2"]
     assert all(i.prompt_tokens > 0 and i.state == "pending" for i in items)
     hold = LedgerEntry.objects.get(batch_id=batch.id, kind="hold").amount_microusd
-    expected = sum(-(-(i.prompt_tokens * PRICES[0] + 8 * PRICES[2]) // 1_000_000) for i in items)
+    # Holds round like charges (half up, per request: docs/BILLING.md).
+    expected = sum(money_div(i.prompt_tokens * PRICES[0] + 8 * PRICES[2], 1_000_000) for i in items)
     assert hold == expected == batch.hold_microusd
     after = credit_for_org(org_id=tenant.org.id)
     assert after.available == before.available - hold

@@ -12,8 +12,9 @@ from batches.items import EngineKey, item_finish, items_claim, leases_recover
 from batches.lifecycle import NotReady
 from batches.models import Batch, BatchItem
 from batches.sweeps import sweep_work
-from billing.models import LedgerEntry
-from billing.pricing import TokenPrices, token_charge
+from billing.metering import gpu_microseconds_by_item
+from billing.models import LedgerEntry, UsageEvent
+from billing.pricing import TokenPrices, money_div, token_charge
 from billing.selectors import credit_for_org
 from boardwalk import clock
 from files.models import File
@@ -309,9 +310,13 @@ def test_deployment_batch_is_charged_gpu_time_not_tokens(api: Api, tenant: Tenan
     batch = finalize(data["id"])
     assert batch.status == "completed"
     items = list(BatchItem.objects.filter(batch_id=data["id"]))
-    seconds = [i.gpu_seconds for i in items]
-    assert all(s > 0 for s in seconds)
-    assert batch.charge_microusd == sum(round(s * deployment.gpu_second_price) for s in seconds)
+    used = gpu_microseconds_by_item(batch_id=data["id"])
+    assert set(used) == {i.id for i in items} and all(us > 0 for us in used.values())
+    price = deployment.gpu_second_price
+    assert batch.charge_microusd == sum(money_div(us * price, 1_000_000) for us in used.values())
+    assert {i.id: i.charge_microusd for i in items} == {
+        i: money_div(us * price, 1_000_000) for i, us in used.items()
+    }
     payload = api.get(f"/v1/batches/{data['id']}").json()
     assert payload["billing"] == "gpu_time" and payload["pricing"] is None
     assert credit_for_org(org_id=tenant.org.id).held == 0
@@ -327,7 +332,8 @@ def test_gpu_time_spent_before_a_cancel_is_charged(api: Api, deployment):
     item_release(item=item, worker_id="w", gpu_seconds=2.5)  # the engine aborted it
     batch = finalize(data["id"])
     assert batch.status == "cancelled"
-    assert batch.charge_microusd == round(2.5 * deployment.gpu_second_price)
+    assert batch.charge_microusd == 2_500_000 * deployment.gpu_second_price // 1_000_000
+    assert UsageEvent.objects.get(item_id=item.id).quantity == 2_500_000
     assert (
         LedgerEntry.objects.get(batch_id=batch.id, kind="charge").amount_microusd
         == batch.charge_microusd

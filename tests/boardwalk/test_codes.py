@@ -13,7 +13,7 @@ from boardwalk.codes import ErrorCode, ItemCode, LineCode
 
 ROOT = Path(__file__).resolve().parents[2]
 API_MD = ROOT / "docs" / "API.md"
-APPS = ("boardwalk", "files", "batches", "billing", "inference", "webhooks")
+APPS = ("boardwalk", "files", "batches", "billing", "inference", "webhooks", "console")
 
 # Each family is one "### …" subsection of "## Codes", one "- `code` …" bullet per member.
 SUBSECTIONS = {

@@ -1,0 +1,170 @@
+"""Metering: usage facts as append-only integer events, and their hourly rollup.
+
+Callers write facts inside the transaction that records the item they belong to (batches'
+record stage, under the item's fencing token), so usage commits or rolls back with the
+result itself. The hourly rollup the dashboard reads is updated in that same transaction,
+and settled spend is added to it in the transaction that appends the ledger's charge.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from django.db import connection, transaction
+from django.db.models import Sum
+
+from billing.models import UsageEvent, UsageRollup
+from boardwalk import clock
+
+Outcome = Literal["succeeded", "failed", "released"]
+_ROLLUP_SUMS = (
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "gpu_microseconds",
+    "items_succeeded",
+    "items_failed",
+    "spend_microusd",
+)
+
+
+@dataclass(frozen=True)
+class UsageFacts:
+    """One item attempt's usage (ids and counts only, never content).
+
+    `attempt` is the lease token the item was written under. Tokens count only for a
+    succeeded row (the rows that can be published and charged); GPU time counts for every
+    outcome, since deployments pay for work that ended in a failure or a cancel (SPEC §8).
+    """
+
+    org_id: str
+    batch_id: str
+    item_id: int
+    attempt: int
+    revision_id: str
+    deployment_id: str
+    outcome: Outcome
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    gpu_microseconds: int = 0
+
+
+def seconds_to_microseconds(seconds: float) -> int:
+    """The engine's float busy time as the integer the events hold (a measurement, not money)."""
+    return max(0, int(seconds * 1_000_000 + 0.5))
+
+
+def hour_of(moment: dt.datetime) -> dt.datetime:
+    return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _events(facts: Iterable[UsageFacts], now: dt.datetime) -> list[UsageEvent]:
+    K = UsageEvent.Kind
+    events = []
+    for f in facts:
+        tokens = f.outcome == "succeeded"
+        for kind, quantity in (
+            (K.INPUT_TOKENS, f.prompt_tokens if tokens else 0),
+            (K.CACHED_TOKENS, f.cached_tokens if tokens else 0),
+            (K.OUTPUT_TOKENS, f.completion_tokens if tokens else 0),
+            (K.GPU_MICROSECONDS, f.gpu_microseconds),
+        ):
+            if quantity > 0:
+                events.append(
+                    UsageEvent(
+                        org_id=f.org_id,
+                        batch_id=f.batch_id,
+                        item_id=f.item_id,
+                        attempt=f.attempt,
+                        revision_id=f.revision_id,
+                        deployment_id=f.deployment_id,
+                        kind=kind,
+                        quantity=quantity,
+                        created_at=now,
+                    )
+                )
+    return events
+
+
+RollupKey = tuple[dt.datetime, str, str, str]  # bucket, org, revision, deployment
+
+
+def _rollup_add(rows: dict[RollupKey, dict[str, int]]) -> None:
+    """Add sums into the hourly rollup: one upsert statement for every key.
+
+    Keys are written in sorted order, so two transactions touching the same keys lock them
+    in the same order and cannot deadlock. `INSERT … ON CONFLICT DO UPDATE` reads the same
+    on SQLite and PostgreSQL.
+    """
+    if not rows:
+        return
+    table = UsageRollup._meta.db_table
+    columns = ("bucket", "org_id", "revision_id", "deployment_id", *_ROLLUP_SUMS)
+    adapt = connection.ops.adapt_datetimefield_value
+    params: list[Any] = []
+    for key in sorted(rows):
+        bucket, org_id, revision_id, deployment_id = key
+        params.extend([adapt(bucket), org_id, revision_id, deployment_id])
+        params.extend(rows[key].get(name, 0) for name in _ROLLUP_SUMS)
+    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608 (names are ours)
+        + ", ".join([one] * len(rows))
+        + " ON CONFLICT (bucket, org_id, revision_id, deployment_id) DO UPDATE SET "
+        + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in _ROLLUP_SUMS)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def usage_record(*, facts: list[UsageFacts]) -> None:
+    """Append the events of these item attempts and add them to the rollup.
+
+    The caller runs inside the transaction that wrote the items under their fencing token.
+    A second record of the same attempt violates `usage_event_once` and rolls that
+    transaction back: double counting is impossible, not merely unlikely.
+    """
+    if not facts:
+        return
+    now = clock.now()
+    bucket = hour_of(now)
+    sums: dict[RollupKey, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for f in facts:
+        row = sums[(bucket, f.org_id, f.revision_id, f.deployment_id)]
+        if f.outcome == "succeeded":
+            row["input_tokens"] += f.prompt_tokens
+            row["cached_tokens"] += f.cached_tokens
+            row["output_tokens"] += f.completion_tokens
+            row["items_succeeded"] += 1
+        elif f.outcome == "failed":
+            row["items_failed"] += 1
+        row["gpu_microseconds"] += f.gpu_microseconds
+    with transaction.atomic():
+        UsageEvent.objects.bulk_create(_events(facts, now), batch_size=500)
+        _rollup_add(sums)
+
+
+def spend_record(
+    *, org_id: str, revision_id: str, deployment_id: str, amount_microusd: int, at: dt.datetime
+) -> None:
+    """Add a settled charge to the rollup; the caller appended its ledger entry just now."""
+    if amount_microusd > 0:
+        _rollup_add(
+            {(hour_of(at), org_id, revision_id, deployment_id): {"spend_microusd": amount_microusd}}
+        )
+
+
+def gpu_microseconds_by_item(*, batch_id: str) -> dict[int, int]:
+    """Every item's GPU time over all its attempts, from the events: what deployments pay."""
+    rows = (
+        UsageEvent.objects.filter(batch_id=batch_id, kind=UsageEvent.Kind.GPU_MICROSECONDS)
+        .values("item_id")
+        .annotate(total=Sum("quantity"))
+        .values_list("item_id", "total")
+    )
+    return {item_id: int(total) for item_id, total in rows}

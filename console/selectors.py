@@ -1,0 +1,312 @@
+"""Reads for the staff console: usage from the hourly rollup, queue health, workers.
+
+Every aggregate is computed by the database (GROUP BY over `billing.UsageRollup`, a few
+thousand rows however many events there are); nothing here reads content, and nothing is
+scoped to a tenant except by the staff's own choice of organization (drill-down).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Min, QuerySet, Sum
+
+from batches.models import Batch, BatchItem, WorkerProcess
+from billing.models import UsageRollup
+from boardwalk import clock
+from boardwalk.models import Organization
+from inference.models import CatalogModel, Deployment, ModelRevision
+
+SUMS = (
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "gpu_microseconds",
+    "items_succeeded",
+    "items_failed",
+    "spend_microusd",
+)
+
+
+class Period(StrEnum):
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+    @property
+    def span(self) -> dt.timedelta:
+        return {"day": dt.timedelta(days=1), "week": dt.timedelta(days=7)}.get(
+            self.value, dt.timedelta(days=30)
+        )
+
+    @property
+    def hourly(self) -> bool:
+        return self is Period.DAY
+
+
+@dataclass
+class UsageRow:
+    """Sums over the period for one key (an organization, a model, or one point in time)."""
+
+    key: Any
+    label: str
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    gpu_microseconds: int = 0
+    items_succeeded: int = 0
+    items_failed: int = 0
+    spend_microusd: int = 0
+    org_id: str = ""
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.gpu_microseconds / 1_000_000
+
+
+@dataclass
+class Queue:
+    pending_items: int
+    running_items: int
+    oldest_waiting_since: dt.datetime | None
+    by_revision: list[tuple[str, int]]
+
+
+@dataclass
+class UsageDashboard:
+    period: Period
+    start: dt.datetime
+    end: dt.datetime
+    org: Organization | None
+    total: UsageRow
+    by_org: list[UsageRow]
+    by_model: list[UsageRow]
+    by_org_model: list[UsageRow]
+    series: list[UsageRow]
+    spend_series_by_org: dict[str, dict[str, int]]
+    batches_by_status: dict[str, int]
+    expirations: int
+    failure_codes: dict[str, int]
+    queue: Queue
+    seconds: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seconds = (self.end - self.start).total_seconds()
+
+    @property
+    def items_per_second(self) -> float:
+        return (self.total.items_succeeded + self.total.items_failed) / self.seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return (self.total.input_tokens + self.total.output_tokens) / self.seconds
+
+
+def _sums() -> dict[str, Sum]:
+    return {name: Sum(name) for name in SUMS}
+
+
+def _row(key: Any, label: str, values: dict[str, Any], org_id: str = "") -> UsageRow:
+    return UsageRow(key, label, org_id=org_id, **{n: int(values.get(n) or 0) for n in SUMS})
+
+
+def _add(into: UsageRow, row: UsageRow) -> None:
+    for name in SUMS:
+        setattr(into, name, getattr(into, name) + getattr(row, name))
+
+
+def _model_labels(keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Names staff know a (revision, deployment) by: the deployment's name, else the catalog
+    names serving the revision now, else the revision's label (3 queries at most)."""
+    revisions = {r for r, _ in keys}
+    deployments = dict(
+        Deployment.objects.filter(id__in={d for _, d in keys if d}).values_list("id", "name")
+    )
+    names: dict[str, list[str]] = defaultdict(list)
+    for name, revision_id in CatalogModel.objects.filter(revision_id__in=revisions).values_list(
+        "name", "revision_id"
+    ):
+        names[revision_id].append(name)
+    labels = dict(ModelRevision.objects.filter(id__in=revisions).values_list("id", "label"))
+    out = {}
+    for revision_id, deployment_id in keys:
+        if deployment_id:
+            out[(revision_id, deployment_id)] = (
+                f"{deployments.get(deployment_id, deployment_id)} (deployment)"
+            )
+        else:
+            catalog = ", ".join(sorted(names.get(revision_id, [])))
+            out[(revision_id, deployment_id)] = catalog or labels.get(revision_id, revision_id)
+    return out
+
+
+def _window(period: Period, org: Organization | None) -> tuple[dt.datetime, dt.datetime, QuerySet]:
+    end = clock.now()
+    start = end - period.span
+    # The rollup's buckets are whole hours: the window starts at the hour holding `start`.
+    bucket_start = start.replace(minute=0, second=0, microsecond=0)
+    rollup = UsageRollup.objects.filter(bucket__gte=bucket_start)
+    if org is not None:
+        rollup = rollup.filter(org=org)
+    return start, end, rollup
+
+
+def queue_health(*, org: Organization | None = None) -> Queue:
+    items = BatchItem.objects.filter(state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+    if org is not None:
+        items = items.filter(org_id_key=org.id)
+    counts = dict(items.values("state").annotate(n=Count("id")).values_list("state", "n"))
+    pending = items.filter(state=BatchItem.State.PENDING)
+    oldest = pending.aggregate(oldest=Min("batch__created_at"))["oldest"]
+    by_revision = list(
+        pending.values("revision_id_key")
+        .annotate(n=Count("id"))
+        .order_by("-n")
+        .values_list("revision_id_key", "n")[:20]
+    )
+    return Queue(
+        pending_items=counts.get(BatchItem.State.PENDING, 0),
+        running_items=counts.get(BatchItem.State.RUNNING, 0),
+        oldest_waiting_since=oldest,
+        by_revision=by_revision,
+    )
+
+
+def usage_dashboard(*, period: Period, org: Organization | None = None) -> UsageDashboard:
+    start, end, rollup = _window(period, org)
+    # Two GROUP BYs over the rollup, each a few dozen to a few thousand rows back; the
+    # coarser views (total, per org, per model) are folded from them here rather than
+    # scanned again: on SQLite each scan of a month of rollup rows is the page's main cost.
+    org_model_rows = list(
+        rollup.values("org_id", "revision_id", "deployment_id")
+        .annotate(**_sums())
+        .order_by("org_id", "revision_id", "deployment_id")
+    )
+    org_names = dict(
+        Organization.objects.filter(id__in={r["org_id"] for r in org_model_rows}).values_list(
+            "id", "name"
+        )
+    )
+    labels = _model_labels({(r["revision_id"], r["deployment_id"]) for r in org_model_rows})
+    total = UsageRow("total", "Total")
+    orgs: dict[str, UsageRow] = {}
+    models: dict[tuple[str, str], UsageRow] = {}
+    by_org_model = []
+    for r in org_model_rows:
+        key = (r["revision_id"], r["deployment_id"])
+        name = org_names.get(r["org_id"], r["org_id"])
+        row = _row(key, f"{name} · {labels[key]}", r, org_id=r["org_id"])
+        by_org_model.append(row)
+        _add(total, row)
+        _add(orgs.setdefault(r["org_id"], UsageRow(r["org_id"], name, org_id=r["org_id"])), row)
+        _add(models.setdefault(key, UsageRow(key, labels[key])), row)
+    by_org_model.sort(key=lambda row: row.label)
+    by_org = sorted(orgs.values(), key=lambda row: row.label)
+    by_model = sorted(models.values(), key=lambda row: row.label)
+
+    # Grouped by the rollup's own hour in SQL, folded into days here: SQLite truncates dates
+    # with a Python function per row, which over a month of rollup rows costs more than the
+    # rest of the page (docs/PERFORMANCE.md).
+    def point(bucket: dt.datetime) -> dt.datetime:
+        return bucket if period.hourly else bucket.replace(hour=0)
+
+    points: dict[dt.datetime, UsageRow] = {}
+    for r in rollup.values("bucket").annotate(**_sums()).order_by("bucket"):
+        t = point(r["bucket"])
+        _add(points.setdefault(t, UsageRow(t, t.isoformat())), _row(t, "", r))
+    # Spend lands in the hours batches settled in: few rows, so this scan returns little.
+    spend_series: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for bucket, org_id, spend in (
+        rollup.filter(spend_microusd__gt=0)
+        .values("bucket", "org_id")
+        .annotate(spend=Sum("spend_microusd"))
+        .order_by("bucket")
+        .values_list("bucket", "org_id", "spend")
+    ):
+        name = org_names.get(org_id, org_id)
+        spend_series[name][point(bucket).isoformat()] += int(spend or 0)
+    series = list(points.values())
+
+    batches = Batch.objects.filter(created_at__gte=start)
+    items_failed = BatchItem.objects.filter(state=BatchItem.State.FAILED, completed_at__gte=start)
+    expired = Batch.objects.filter(status=Batch.Status.EXPIRED, expired_at__gte=start)
+    if org is not None:
+        batches = batches.filter(org=org)
+        items_failed = items_failed.filter(org_id_key=org.id)
+        expired = expired.filter(org=org)
+    by_status = dict(
+        batches.values("status").annotate(n=Count("id")).order_by().values_list("status", "n")
+    )
+    failure_codes = dict(
+        items_failed.values("error_code")
+        .annotate(n=Count("id"))
+        .order_by("-n")
+        .values_list("error_code", "n")[:20]
+    )
+    return UsageDashboard(
+        period=period,
+        start=start,
+        end=end,
+        org=org,
+        total=total,
+        by_org=by_org,
+        by_model=by_model,
+        by_org_model=by_org_model,
+        series=series,
+        spend_series_by_org={org: dict(data) for org, data in spend_series.items()},
+        batches_by_status=by_status,
+        expirations=expired.count(),
+        failure_codes=failure_codes,
+        queue=queue_health(org=org),
+    )
+
+
+@dataclass
+class WorkerView:
+    id: str
+    alive: bool
+    started_at: dt.datetime
+    seen_at: dt.datetime
+    revisions: list[str]
+    leases: int
+    items_recorded: int
+    items_per_second: float
+
+
+def workers_overview() -> list[WorkerView]:
+    """Every worker process's liveness row with the leases it holds now (two queries)."""
+    now = clock.now()
+    dead_after = dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
+    leases: dict[str, int] = defaultdict(int)
+    owners = (
+        BatchItem.objects.filter(state=BatchItem.State.RUNNING)
+        .values("lease_owner")
+        .annotate(n=Count("id"))
+        .values_list("lease_owner", "n")
+    )
+    for owner, n in owners:
+        # A lease owner is "<process id>:<thread>" (batches.liveness.worker_id).
+        leases[owner.rpartition(":")[0]] += n
+    return [
+        WorkerView(
+            id=w.id,
+            alive=now - w.seen_at <= dead_after,
+            started_at=w.started_at,
+            seen_at=w.seen_at,
+            revisions=list(w.revisions or []),
+            leases=leases.get(w.id, 0),
+            items_recorded=w.items_recorded,
+            items_per_second=w.items_per_second,
+        )
+        for w in WorkerProcess.objects.order_by("id")
+    ]
+
+
+def organization_for_staff(*, org_id: str) -> Organization | None:
+    """The organization a staff member drills down to (staff see every tenant)."""
+    return Organization.objects.filter(id=org_id).first()
