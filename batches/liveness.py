@@ -6,11 +6,18 @@ BOARDWALK_WORKER_HEARTBEAT_SECONDS, and whichever process notices a row older th
 BOARDWALK_WORKER_DEAD_AFTER_SECONDS frees that process's leases (`lease_owner` starts with
 the process id) and deletes the row. A process that was only paused comes back to find its
 leases re-issued under new tokens: the fence refuses its results.
+
+On PostgreSQL a process also holds a session advisory lock keyed by its id on its liveness
+connection. A `kill -9` ends that session, so the lock comes free at once; the next beat of any
+other process sees it free and recovers the leases then, instead of after the silence. A
+process whose liveness connection broke loses its lock the same way and is treated as dead
+(its late results are fenced off); it takes the lock again on its next beat.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import os
 import secrets
@@ -21,7 +28,8 @@ import time
 from collections import deque
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import QuerySet
 
 from batches.items import EngineKey, keys_with_claimable_items, leases_recover
 from batches.models import WorkerProcess
@@ -78,13 +86,42 @@ def _loaded_revisions() -> list[str]:
     return sorted(runtime.loaded_revision_ids()) if runtime is not None else []
 
 
-def worker_beat(*, process: str) -> None:
+def lock_key(process: str) -> int:
+    """The advisory lock key of a process id (signed 64 bits, as PostgreSQL takes them)."""
+    digest = hashlib.blake2b(process.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+_locked = threading.local()
+
+
+def session_lock_hold(*, process: str) -> bool:
+    """PostgreSQL: hold this process's advisory lock on this thread's connection (taken once
+    per connection; a new connection takes it again). False elsewhere, or while a peer's
+    check holds it for a moment."""
+    if not settings.IS_POSTGRES:
+        return False
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(_locked, "raw", None) is raw:
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [lock_key(process)])
+        held = bool(cursor.fetchone()[0])
+    _locked.raw = raw if held else None
+    return held
+
+
+def worker_beat(*, process: str, session_lock: bool = False) -> None:
+    """Stamp the process's row. `session_lock`: whether it holds its advisory lock (taken
+    before the row says so, so that no peer reads a lock-holding row without the lock)."""
     now = clock.now()
     recorded, rate = _throughput()
     stats = {
         "revisions": _loaded_revisions(),
         "items_recorded": recorded,
         "items_per_second": round(rate, 3),
+        "session_lock": session_lock,
     }
     if not WorkerProcess.objects.filter(id=process).update(seen_at=now, **stats):
         WorkerProcess.objects.get_or_create(id=process, defaults={"seen_at": now, **stats})
@@ -95,28 +132,47 @@ def worker_leave(*, process: str) -> None:
     WorkerProcess.objects.filter(id=process).delete()
 
 
-def dead_workers_recover() -> set[EngineKey]:
-    """Free the leases of worker processes that fell silent; returns engine keys to wake.
+def dead_workers_recover(*, me: str | None = None) -> set[EngineKey]:
+    """Free the leases of worker processes that died; returns engine keys to wake.
 
-    The dead rows are locked (SKIP LOCKED) while their leases are freed, so when several
-    processes notice the same death only one of them does the work.
+    Dead: silent for WORKER_DEAD_AFTER_SECONDS, or (PostgreSQL) a row that says it holds its
+    session lock while the lock is free — the process's session ended. `me` is the caller's
+    own process, never judged (its own lock is re-entrant for its session). The dead rows are
+    locked (SKIP LOCKED) while their leases are freed, so when several processes notice the
+    same death only one of them does the work.
     """
     cutoff = clock.now() - dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
     with transaction.atomic():
-        dead = list(
-            WorkerProcess.objects.select_for_update(skip_locked=True)
-            .filter(seen_at__lt=cutoff)
-            .values_list("id", flat=True)
-        )
+        rows = WorkerProcess.objects.select_for_update(skip_locked=True)
+        dead = list(rows.filter(seen_at__lt=cutoff).values_list("id", flat=True))
+        if settings.IS_POSTGRES:
+            dead += _sessions_ended(
+                rows.filter(session_lock=True, seen_at__gte=cutoff).exclude(id=me)
+            )
         if not dead:
             return set()
         requeued, failed = leases_recover(dead_processes=dead, expired=False)
         WorkerProcess.objects.filter(id__in=dead).delete()
     logger.warning(
-        "worker(s) silent for %ss: %s; requeued=%s failed=%s",
+        "worker(s) dead (silent for %ss or session ended): %s; requeued=%s failed=%s",
         settings.WORKER_DEAD_AFTER_SECONDS,
         len(dead),
         requeued,
         failed,
     )
     return keys_with_claimable_items() if requeued else set()
+
+
+def _sessions_ended(rows: QuerySet[WorkerProcess]) -> list[str]:
+    """The processes among `rows` whose advisory lock is free: their session is gone. The
+    probe takes each free lock for this transaction only (released at commit)."""
+    ids = list(rows.values_list("id", flat=True))
+    if not ids:
+        return []
+    keys = {lock_key(i): i for i in ids}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT k FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_xact_lock(k)",
+            [list(keys)],
+        )
+        return [keys[k] for (k,) in cursor.fetchall()]

@@ -211,6 +211,9 @@ class WorkerProcess(models.Model):
     revisions = models.JSONField(default=list, blank=True, help_text="Revisions with an engine.")
     items_recorded = models.BigIntegerField(default=0, help_text="Results written since start.")
     items_per_second = models.FloatField(default=0.0, help_text="Over the last minute.")
+    # PostgreSQL: the process holds a session advisory lock on its id for as long as its
+    # liveness connection lives, so its death is seen the moment that lock is free.
+    session_lock = models.BooleanField(default=False)
 
     def __str__(self) -> str:
         return self.id

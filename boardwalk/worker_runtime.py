@@ -15,7 +15,13 @@ import dramatiq
 from django.conf import settings
 from django.db import connection
 
-from batches.liveness import dead_workers_recover, process_id, worker_beat, worker_leave
+from batches.liveness import (
+    dead_workers_recover,
+    process_id,
+    session_lock_hold,
+    worker_beat,
+    worker_leave,
+)
 from batches.tasks import engine_wake, sweep
 from boardwalk.broker import setup_broker
 from files.tasks import file_count_tokens
@@ -64,12 +70,13 @@ class Liveness(threading.Thread):
         try:
             while True:
                 try:
-                    worker_beat(process=self.process)
+                    locked = session_lock_hold(process=self.process)
+                    worker_beat(process=self.process, session_lock=locked)
                     # A process that was itself stalled (CPU starved, paused) sees every
                     # other row as old: it judges nobody until it has beaten on time again.
                     on_time = time.monotonic() - last_beat <= 2 * self.interval
                     last_beat = time.monotonic()
-                    for key in dead_workers_recover() if on_time else ():
+                    for key in dead_workers_recover(me=self.process) if on_time else ():
                         engine_wake.send(key.revision_id, key.deployment_id)
                 except Exception as exc:
                     logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)

@@ -17,7 +17,7 @@ from batches.execution import serve_key
 from batches.execution.pipeline import _Heartbeat
 from batches.items import EngineKey, item_finish, item_release, items_claim
 from batches.lifecycle import batch_finalize
-from batches.liveness import dead_workers_recover, worker_beat
+from batches.liveness import dead_workers_recover, lock_key, session_lock_hold, worker_beat
 from batches.models import Batch, BatchItem, WorkerProcess
 from batches.services import batch_cancel
 from boardwalk import clock
@@ -185,6 +185,52 @@ def test_a_silent_worker_process_loses_its_leases_within_seconds(api: Api, catal
         )
         assert item_finish(item=alive[0], worker_id="host-b:2:bb:7", succeeded=True, result=b"x")
     assert not WorkerProcess.objects.filter(id="host-a:1:aa").exists()
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_worker_is_seen_dead_when_its_session_ends_without_waiting(
+    api: Api, catalog_model, settings
+):
+    """kill -9 ends the process's database session, which frees its advisory lock: its
+    leases come back on the next beat of another process, not after the silence."""
+    import psycopg
+
+    settings.ITEM_LEASE_SECONDS = 600
+    settings.WORKER_DEAD_AFTER_SECONDS = 8
+    data = submit(api, rows(3))
+    key = _key(data["id"])
+    db = connection.settings_dict
+    victim = psycopg.connect(
+        host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]
+    )
+    victim.execute("SELECT pg_advisory_lock(%s)", [lock_key("host-v:1:vv")])
+    worker_beat(process="host-v:1:vv", session_lock=True)
+    worker_beat(process="host-w:2:ww", session_lock=False)  # says it holds no lock
+    held = items_claim(key=key, worker_id="host-v:1:vv:7", limit=2)
+
+    assert dead_workers_recover(me="host-w:2:ww") == set()  # its session is alive
+    victim.close()  # what kill -9 does to the process's session
+
+    assert dead_workers_recover(me="host-w:2:ww") == {key}  # no clock moved
+    assert not WorkerProcess.objects.filter(id="host-v:1:vv").exists()
+    assert WorkerProcess.objects.filter(id="host-w:2:ww").exists()  # heartbeat rule only
+    again = items_claim(key=key, worker_id="host-c:3:cc:7", limit=5)
+    assert {i.id for i in held} <= {i.id for i in again}
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_process_holds_its_session_lock_once_per_connection():
+    assert session_lock_hold(process="host-s:1:ss")
+    assert session_lock_hold(process="host-s:1:ss")  # kept, not stacked
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] == 1
+    connection.close()  # a broken connection loses the lock; the next beat takes it again
+    assert session_lock_hold(process="host-s:1:ss")
 
 
 @pytest.mark.django_db
