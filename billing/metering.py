@@ -21,7 +21,8 @@ from billing.models import UsageEvent, UsageRollup
 from boardwalk import clock
 
 Outcome = Literal["succeeded", "failed", "released"]
-_ROLLUP_SUMS = (
+# The summed columns of UsageRollup (the console reads the same list).
+ROLLUP_SUMS = (
     "input_tokens",
     "cached_tokens",
     "output_tokens",
@@ -104,19 +105,19 @@ def _rollup_add(rows: dict[RollupKey, dict[str, int]]) -> None:
     if not rows:
         return
     table = UsageRollup._meta.db_table
-    columns = ("bucket", "org_id", "revision_id", "deployment_id", *_ROLLUP_SUMS)
+    columns = ("bucket", "org_id", "revision_id", "deployment_id", *ROLLUP_SUMS)
     adapt = connection.ops.adapt_datetimefield_value
     params: list[Any] = []
     for key in sorted(rows):
         bucket, org_id, revision_id, deployment_id = key
         params.extend([adapt(bucket), org_id, revision_id, deployment_id])
-        params.extend(rows[key].get(name, 0) for name in _ROLLUP_SUMS)
+        params.extend(rows[key].get(name, 0) for name in ROLLUP_SUMS)
     one = "(" + ", ".join(["%s"] * len(columns)) + ")"
     sql = (
         f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608 (names are ours)
         + ", ".join([one] * len(rows))
         + " ON CONFLICT (bucket, org_id, revision_id, deployment_id) DO UPDATE SET "
-        + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in _ROLLUP_SUMS)
+        + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in ROLLUP_SUMS)
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

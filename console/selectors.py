@@ -17,20 +17,13 @@ from django.conf import settings
 from django.db.models import Count, Min, QuerySet, Sum
 
 from batches.models import Batch, BatchItem, WorkerProcess
+from billing.metering import ROLLUP_SUMS
 from billing.models import UsageRollup
 from boardwalk import clock
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
 
-SUMS = (
-    "input_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "gpu_microseconds",
-    "items_succeeded",
-    "items_failed",
-    "spend_microusd",
-)
+SUMS = ROLLUP_SUMS
 
 
 class Period(StrEnum):

@@ -12,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from console.selectors import (
+    SUMS,
     Period,
     UsageDashboard,
     organization_for_staff,
@@ -78,19 +79,7 @@ def usage_view(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(request, "admin/console/usage.html", context)
 
 
-CSV_COLUMNS = (
-    "org_id",
-    "model",
-    "revision_id",
-    "deployment_id",
-    "input_tokens",
-    "cached_tokens",
-    "output_tokens",
-    "gpu_microseconds",
-    "items_succeeded",
-    "items_failed",
-    "spend_microusd",
-)
+CSV_COLUMNS = ("org_id", "model", "revision_id", "deployment_id", *SUMS)
 
 
 def usage_csv_view(request: HttpRequest) -> HttpResponse:
