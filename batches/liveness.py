@@ -8,10 +8,11 @@ the process id) and deletes the row. A process that was only paused comes back t
 leases re-issued under new tokens: the fence refuses its results.
 
 On PostgreSQL a process also holds a session advisory lock keyed by its id on its liveness
-connection. A `kill -9` ends that session, so the lock comes free at once; the next beat of any
-other process sees it free and recovers the leases then, instead of after the silence. A
-process whose liveness connection broke loses its lock the same way and is treated as dead
-(its late results are fenced off); it takes the lock again on its next beat.
+connection. A `kill -9` ends that session, so the lock comes free at once, and another process
+recovers the leases as soon as the row is a little more than two beats old (5 s by default)
+instead of after the whole silence (8 s). A live process whose session was cut (a killed
+backend, a restarted database) re-connects and takes its lock again within two beats, before
+that grace runs out, so it is not mistaken for dead.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def _throughput() -> tuple[int, float]:
 def _loaded_revisions() -> list[str]:
     # Read without importing: a process that never imported the runtime has no engine, and
     # importing it here would pull transformers into every process that beats.
+    # Another thread may be importing it right now (partially initialized: no function yet).
     runtime = sys.modules.get("inference.runtime")
-    return sorted(runtime.loaded_revision_ids()) if runtime is not None else []
+    loaded = getattr(runtime, "loaded_revision_ids", None)
+    return sorted(loaded()) if loaded is not None else []
 
 
 def lock_key(process: str) -> int:
@@ -146,8 +149,13 @@ def dead_workers_recover(*, me: str | None = None) -> set[EngineKey]:
         rows = WorkerProcess.objects.select_for_update(skip_locked=True)
         dead = list(rows.filter(seen_at__lt=cutoff).values_list("id", flat=True))
         if settings.IS_POSTGRES:
+            # A live process whose session was cut (a restarted database, a killed backend)
+            # takes its lock again within two beats; judge only rows older than that.
+            grace = clock.now() - dt.timedelta(seconds=2.5 * settings.WORKER_HEARTBEAT_SECONDS)
             dead += _sessions_ended(
-                rows.filter(session_lock=True, seen_at__gte=cutoff).exclude(id=me)
+                rows.filter(session_lock=True, seen_at__gte=cutoff, seen_at__lt=grace).exclude(
+                    id=me
+                )
             )
         if not dead:
             return set()

@@ -81,12 +81,23 @@ class Liveness(threading.Thread):
                 except Exception as exc:
                     logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)
                     connection.close()
+                    self._beat_again()
                 if self.stopped.wait(self.interval):
                     break
             worker_leave(process=self.process)
         except Exception as exc:
             logger.warning("liveness row not removed (%s)", type(exc).__name__)
         finally:
+            connection.close()
+
+    def _beat_again(self) -> None:
+        """Right after a failed beat, on a fresh connection: a session that was cut retakes
+        its lock now rather than a beat later (peers wait 2.5 beats before judging it)."""
+        try:
+            locked = session_lock_hold(process=self.process)
+            worker_beat(process=self.process, session_lock=locked)
+        except Exception as exc:
+            logger.warning("liveness beat failed again (%s)", type(exc).__name__)
             connection.close()
 
     def stop(self) -> None:

@@ -193,7 +193,7 @@ def test_a_killed_worker_is_seen_dead_when_its_session_ends_without_waiting(
     api: Api, catalog_model, settings
 ):
     """kill -9 ends the process's database session, which frees its advisory lock: its
-    leases come back on the next beat of another process, not after the silence."""
+    leases come back 2.5 beats after its last one, not after the whole silence."""
     import psycopg
 
     settings.ITEM_LEASE_SECONDS = 600
@@ -211,8 +211,11 @@ def test_a_killed_worker_is_seen_dead_when_its_session_ends_without_waiting(
 
     assert dead_workers_recover(me="host-w:2:ww") == set()  # its session is alive
     victim.close()  # what kill -9 does to the process's session
+    assert dead_workers_recover(me="host-w:2:ww") == set()  # a cut session gets 2.5 beats
 
-    assert dead_workers_recover(me="host-w:2:ww") == {key}  # no clock moved
+    with clock.travel(dt.timedelta(seconds=2.5 * settings.WORKER_HEARTBEAT_SECONDS + 0.5)):
+        # Long before the 8 s of silence: its session is gone, so it is dead.
+        assert dead_workers_recover(me="host-w:2:ww") == {key}
     assert not WorkerProcess.objects.filter(id="host-v:1:vv").exists()
     assert WorkerProcess.objects.filter(id="host-w:2:ww").exists()  # heartbeat rule only
     again = items_claim(key=key, worker_id="host-c:3:cc:7", limit=5)

@@ -170,9 +170,8 @@ def test_web_killed_mid_create_then_the_same_key_retried(
     client.port = stack.web_port
     # Warm the new process (its first plan loads the tokenizer) so the figure is the key's.
     warm = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
-    assert (
-        client.json("POST", "/v1/batches/estimate", dict(warm, completion_window="24h"))[0] == 200
-    )
+    status, body = client.json("POST", "/v1/batches/estimate", dict(warm, completion_window="24h"))
+    assert status == 200, body
     since = time.monotonic()
     status, data = client.create(file_id, "crash-key")
     retry_seconds = time.monotonic() - since
