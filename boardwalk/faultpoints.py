@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 from django.conf import settings
 
@@ -33,4 +34,8 @@ def fault_point(name: str) -> None:
             return
         _fired.add(name)
     logger.warning("test fault point %s reached: stopping pid %s", name, os.getpid())
-    os.kill(os.getpid(), signal.SIGSTOP)
+    # Directed at this thread, so this thread takes the stop itself; and held here until the
+    # stop has landed. A process-directed SIGSTOP may be taken by another thread while this
+    # one runs on for a moment: seen here, it committed the transaction the point is in.
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    time.sleep(0.5)
