@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 
 from batches.models import Batch
+from boardwalk.admin import ReadOnlyAdminMixin
 
 
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
+class BatchAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only and content-free: counts, states, money and ids."""
 
     list_display = (
@@ -67,12 +66,3 @@ class BatchAdmin(admin.ModelAdmin):
     def duration(self, obj: Batch) -> str:
         ended = obj.completed_at or obj.cancelled_at or obj.failed_at or obj.expired_at
         return "—" if ended is None else str(ended - obj.created_at).split(".")[0]
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from billing.models import LedgerEntry, UsageEvent
 from billing.selectors import credit_for_org
 from billing.services import credit_grant
-from boardwalk.admin import OrganizationAdmin
+from boardwalk.admin import OrganizationAdmin, ReadOnlyAdminMixin
 from boardwalk.errors import BoardwalkError
 from boardwalk.models import Organization
 
@@ -61,7 +61,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
 
 @admin.register(UsageEvent)
-class UsageEventAdmin(admin.ModelAdmin):
+class UsageEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The metering events, for audits: ids, kinds and integer quantities only."""
 
     list_display = ("created_at", "org", "batch_id", "item_id", "attempt", "kind", "quantity")
@@ -71,15 +71,6 @@ class UsageEventAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     # A million rows: an exact count on every page would cost more than the page.
     show_full_result_count = False
-
-    def has_add_permission(self, request: Any) -> bool:
-        return False
-
-    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        return False
 
 
 class GrantCreditForm(forms.Form):

@@ -18,6 +18,19 @@ admin.site.index_title = "Operations"
 admin.site.index_template = "admin/boardwalk_index.html"
 
 
+class ReadOnlyAdminMixin:
+    """For records staff read but never write (facts, history): no add, change or delete."""
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
