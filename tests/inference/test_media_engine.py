@@ -24,6 +24,7 @@ from inference.engine.loading import load_model, load_processor
 from inference.engine.types import GenerationRequest, MediaInput, SamplingParams
 from inference.media_decoding import decode_audio
 from inference.media_layout import media_layout
+from inference.models import ModelRevision
 from inference.services import revision_create
 from inference.tokenization import ChatTokenizer
 
@@ -161,6 +162,10 @@ def test_a_revision_publishes_only_media_its_model_can_run(
     with pytest.raises(InvalidRequest) as refused:
         revision_create(**{**fields, "modalities": ["text", "image"]})
     assert refused.value.code == "unsupported_modality"
+    with pytest.raises(InvalidRequest) as refused:
+        revision_create(**{**fields, "modalities": ["text", "video"]})
+    assert refused.value.code == "invalid_modalities"
+    assert not ModelRevision.objects.exists()  # nothing was created by the refusals
     with pytest.raises(InvalidRequest):
         revision_create(**{**vision_revision_fields(vision_model_dir), "modalities": ["audio"]})
     assert revision_create(**vision_revision_fields(vision_model_dir)).modalities == [
