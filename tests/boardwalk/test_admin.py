@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.urls import reverse
 
 from batches.models import Batch
 from billing.selectors import credit_for_org
@@ -36,9 +37,9 @@ def test_admin_pages_render_without_content(staff, api: Api, catalog_model):
         "/admin/inference/deployment/",
         "/admin/billing/ledgerentry/",
         "/admin/batches/batch/",
-        f"/admin/batches/batch/{batch.id}/change/",
+        reverse("admin:batches_batch_change", args=[batch.id]),
         "/admin/files/file/",
-        f"/admin/files/file/{batch.output_file_id}/change/",
+        reverse("admin:files_file_change", args=[batch.output_file_id]),
     ]
     for page in pages:
         response = staff.get(page)
@@ -70,7 +71,7 @@ def test_admin_grants_credit_through_the_ledger(staff, tenant: Tenant):
 
 def test_admin_cannot_edit_batches_or_files(staff, api: Api, catalog_model):
     data = submit(api, [request_line("a")])
-    assert staff.post(f"/admin/batches/batch/{data['id']}/delete/").status_code == 403
+    assert staff.post(reverse("admin:batches_batch_delete", args=[data["id"]])).status_code == 403
     assert Batch.objects.filter(id=data["id"]).exists()
     assert staff.get("/admin/files/file/add/").status_code == 403
     assert File.objects.count() == 1
