@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+import numpy as np
+
 from .rules import field_path
 
 # At most this many JSON values in a line (an upper bound: commas and openings outside strings).
@@ -19,8 +21,29 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _STRING_OR_STRUCTURE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[,\[{]')
 
 
+# Bytes are counted in windows this long, so the comparison arrays stay small.
+_COUNT_WINDOW = 1024 * 1024
+
+
+def byte_count(text: bytes | bytearray, *values: bytes) -> int:
+    """How many bytes of `text` are one of `values` (single bytes), without copying `text`.
+
+    numpy compares a window at SIMD speed; `bytes.count` of one byte scans ~4x slower, and
+    the upload counts four bytes over every line (most of its validation time before this).
+    """
+    if len(text) < _COUNT_WINDOW // 16:
+        return sum(text.count(value) for value in values)
+    codes = np.frombuffer(text, dtype=np.uint8)
+    total = 0
+    for start in range(0, len(codes), _COUNT_WINDOW):
+        window = codes[start : start + _COUNT_WINDOW]
+        for value in values:
+            total += int(np.count_nonzero(window == value[0]))
+    return total
+
+
 def _structure(text: bytes | bytearray) -> int:
-    return text.count(b",") + text.count(b"[") + text.count(b"{")
+    return byte_count(text, b",", b"[", b"{")
 
 
 def too_many_values(text: bytes | bytearray) -> bool:
@@ -45,7 +68,7 @@ def too_many_values(text: bytes | bytearray) -> bool:
 def has_duplicate_keys(text: bytes | bytearray, obj: Any) -> bool:
     """Whether the JSON text of `obj` repeats a key in some object (orjson keeps the last)."""
     parsed = parsed_keys(obj)
-    if text.count(b":") == parsed:
+    if byte_count(text, b":") == parsed:
         return False  # every colon is a key's, and every key survived parsing
     return _STRING.sub(b"", text).count(b":") != parsed
 

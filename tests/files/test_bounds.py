@@ -190,3 +190,13 @@ def test_if_none_match_answers_304_and_if_match_412(api: Api, stored: tuple[str,
     assert failed["x-should-retry"] == "false"
     # Strong comparison for If-Match: a weak tag never matches.
     assert api.get(path, HTTP_IF_MATCH="W/" + etag).status_code == 412
+
+
+def test_byte_count_agrees_with_bytes_count_across_windows():
+    from files.validation.shape import byte_count
+
+    text = (b'{"a":[1,2],"b":"x,y"}' * 200_000)[: 3 * 1024 * 1024 + 7]
+    expected = text.count(b",") + text.count(b"[") + text.count(b"{")
+    assert byte_count(text, b",", b"[", b"{") == expected
+    assert byte_count(bytearray(text), b":") == text.count(b":")
+    assert byte_count(b"a,b", b",") == 1
