@@ -12,7 +12,7 @@ from boardwalk.errors import InvalidRequest
 from files.models import File
 from files.upload import upload_receive
 from files.validation import InputValidator, ModelTarget
-from files.validation.shape import MAX_LINE_VALUES
+from files.validation.shape import MAX_LINE_VALUES, byte_count
 from tests.conftest import Api, content_of, jsonl, request_line
 
 TARGET = ModelTarget(name="boardwalk/tiny-chat", context_length=4096, media=frozenset())
@@ -193,8 +193,6 @@ def test_if_none_match_answers_304_and_if_match_412(api: Api, stored: tuple[str,
 
 
 def test_byte_count_agrees_with_bytes_count_across_windows():
-    from files.validation.shape import byte_count
-
     text = (b'{"a":[1,2],"b":"x,y"}' * 200_000)[: 3 * 1024 * 1024 + 7]
     expected = text.count(b",") + text.count(b"[") + text.count(b"{")
     assert byte_count(text, b",", b"[", b"{") == expected
