@@ -53,6 +53,11 @@ def _rss_mib() -> float:
     return 0.0
 
 
+def _settle() -> None:
+    """Flush every dirty page (Linux) so set-up's own writes do not share the timed disk time."""
+    os.sync()
+
+
 def _reset_peak() -> None:
     """Start the peak RSS afresh (Linux), so set-up's own peak does not count."""
     try:
@@ -97,6 +102,7 @@ def _line(i: int, text: str) -> bytes:
 
 
 def run_baseline(path: Path) -> dict:
+    _settle()
     _reset_peak()
     base = _rss_mib()
     start = time.perf_counter()
@@ -110,6 +116,7 @@ def run_baseline(path: Path) -> dict:
 def run_orjson(path: Path) -> dict:
     import orjson
 
+    _settle()
     _reset_peak()
     base = _rss_mib()
     start = time.perf_counter()
@@ -121,6 +128,7 @@ def run_orjson(path: Path) -> dict:
 
 
 def run_write_fsync(path: Path, data_dir: Path) -> dict:
+    _settle()
     _reset_peak()
     base = _rss_mib()
     start = time.perf_counter()
@@ -186,6 +194,7 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True, count: bool
         out.write(tail)
     size = body_path.stat().st_size
     content_type = f"multipart/form-data; boundary={BOUNDARY}"
+    _settle()
     _reset_peak()
     base = _rss_mib()
     start = time.perf_counter()

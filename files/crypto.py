@@ -176,6 +176,11 @@ class ChunkEncryptor:
         self._tags = bytearray()
         self.plaintext_size = 0
 
+    @property
+    def buffered(self) -> int:
+        """Plaintext bytes held back until their chunk completes."""
+        return len(self._buffer)
+
     def update(self, data: bytes | bytearray | memoryview) -> bytearray:
         """Ciphertext of every chunk completed by `data` (possibly empty)."""
         view = memoryview(data).cast("B")
@@ -189,13 +194,23 @@ class ChunkEncryptor:
         For a caller that writes the result out at once: a fresh megabyte-sized buffer per
         call costs about as much as the encryption itself.
         """
+        self._out, sealed = self.update_into(data, self._out)
+        return sealed
+
+    def update_into(
+        self, data: bytes | bytearray | memoryview, buffer: bytearray
+    ) -> tuple[bytearray, memoryview]:
+        """As `update`, sealed into `buffer` (replaced by a larger one if it is too small).
+
+        Returns the buffer that holds the result and the sealed bytes as a view of it.
+        """
         view = memoryview(data).cast("B")
         size = self._sealed_size(len(view))
-        if len(self._out) < size:
-            self._out = bytearray(size)
-        out = memoryview(self._out)[:size]
+        if len(buffer) < size:
+            buffer = bytearray(size)
+        out = memoryview(buffer)[:size]
         self._seal_chunks(view, out)
-        return out
+        return buffer, out
 
     def _sealed_size(self, added: int) -> int:
         if self._finalized:

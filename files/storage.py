@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from django.core.files.storage import FileSystemStorage, Storage, storages
 from storages.backends.s3 import S3Storage
 from storages.utils import clean_name
 
-from files.crypto import ChunkEncryptor, decrypt_range
+from files.crypto import CHUNK_SIZE, ChunkEncryptor, decrypt_range
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ _COPY_BUFFER = 1024 * 1024
 # many bytes, so that the disk works as the upload streams rather than all in the final fsync
 # (docs/PERFORMANCE.md has the numbers).
 _SYNC_EVERY = 16 * 1024 * 1024
+# Sealed buffers in flight between an upload's thread and its write-behind thread.
+_WRITE_BEHIND_DEPTH = 4
 _STAGING_DIR = ".incoming"
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 
@@ -430,6 +433,66 @@ def content_store() -> ContentStore:
     )
 
 
+class _WriteBehind:
+    """Writes sealed buffers to a blob from a thread, in order, while the caller seals more.
+
+    `os.write` (and an S3 spool's file write) releases the GIL, so the disk's share of an
+    upload overlaps the validation and encryption of the next reads instead of adding to
+    them. A few buffers circulate between the two threads: the caller blocks for a free one
+    only when the disk is the slower side, so memory stays bounded by `depth` buffers.
+    """
+
+    def __init__(self, writer: BlobWriter, *, depth: int = _WRITE_BEHIND_DEPTH) -> None:
+        self._writer = writer
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(depth):
+            self._free.put(bytearray())
+        self._pending: queue.SimpleQueue[tuple[bytearray, memoryview] | None] = queue.SimpleQueue()
+        self._cancelled = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="blob-write", daemon=True)
+        self._thread.start()
+
+    def free_buffer(self) -> bytearray:
+        """A buffer no write is using (waits for one); raises what an earlier write raised."""
+        buffer = self._free.get()
+        self._raise_error()
+        return buffer
+
+    def submit(self, buffer: bytearray, sealed: memoryview) -> None:
+        """Queue `sealed` (a view of `buffer`) for writing; `buffer` comes back once written."""
+        if sealed:
+            self._pending.put((buffer, sealed))
+        else:
+            self._free.put(buffer)
+
+    def close(self) -> None:
+        """Wait until everything submitted is written; raises what a write raised."""
+        self._pending.put(None)
+        self._thread.join()
+        self._raise_error()
+
+    def cancel(self) -> None:
+        """Stop without writing what is still queued; the writer is free once this returns."""
+        self._cancelled = True
+        self._pending.put(None)
+        self._thread.join()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (item := self._pending.get()) is not None:
+            buffer, sealed = item
+            if self._error is None and not self._cancelled:
+                try:
+                    self._writer.write(sealed)
+                except BaseException as exc:  # handed to the caller's next call
+                    self._error = exc
+            self._free.put(buffer)
+
+
 class EncryptedSpool:
     """Encrypts a stream straight into a new blob of the content store, named at `commit`.
 
@@ -440,13 +503,18 @@ class EncryptedSpool:
     def __init__(self, store: ContentStore, *, data_key: bytes, aad_prefix: bytes) -> None:
         self._encryptor = ChunkEncryptor(data_key, aad_prefix)
         self._writer: BlobWriter | None = store.open_writer()
+        self._behind: _WriteBehind | None = None  # started by the first completed chunk
         self.stored_size = 0
 
     def write(self, plaintext: bytes) -> None:
         writer = self._open_writer()
-        sealed = self._encryptor.update_reusing(plaintext)
-        if sealed:
-            writer.write(sealed)
+        if self._behind is None:
+            if self._encryptor.buffered + len(plaintext) < CHUNK_SIZE:
+                self._encryptor.update_reusing(plaintext)  # completes no chunk: buffered only
+                return
+            self._behind = _WriteBehind(writer)
+        buffer, sealed = self._encryptor.update_into(plaintext, self._behind.free_buffer())
+        self._behind.submit(buffer, sealed)
 
     @property
     def plaintext_size(self) -> int:
@@ -461,6 +529,9 @@ class EncryptedSpool:
         """Seal the last chunk, store the blob durably as `name` and return its stored size."""
         writer = self._open_writer()
         try:
+            if self._behind is not None:
+                behind, self._behind = self._behind, None
+                behind.close()  # every sealed chunk written, in order; raises what a write raised
             writer.write(self._encryptor.finalize())
             self.stored_size = writer.commit(name)
         finally:
@@ -469,6 +540,9 @@ class EncryptedSpool:
 
     def discard(self) -> None:
         """Drop the blob unless committed; safe to call more than once."""
+        if self._behind is not None:
+            behind, self._behind = self._behind, None
+            behind.cancel()  # the thread is done with the writer before it is aborted
         if self._writer is not None:
             self._writer.abort()
             self._writer = None

@@ -356,3 +356,124 @@ def test_copy_is_byte_identical_also_past_a_multipart_part(backend: Backend) -> 
     with pytest.raises(FileNotFoundError):
         backend.store.copy("files/missing", "recovery/missing")
     assert backend.keys() == ["files/blob", "recovery/blob"]
+
+
+class _FaultyWriter:
+    """A real blob writer whose writes wait on `gate` and fail once `fail_after` bytes passed."""
+
+    def __init__(self, writer: Any, *, fail_after: int | None = None) -> None:
+        self._writer = writer
+        self._fail_after = fail_after
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writes = 0
+        self.written = 0
+        self.aborted = False
+        self.written_after_abort = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self.gate.wait(10)
+        self.written_after_abort |= self.aborted
+        if self._fail_after is not None and self.written + len(data) > self._fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.writes += 1
+        self.written += len(data)
+        self._writer.write(data)
+
+    def commit(self, name: str) -> int:
+        return int(self._writer.commit(name))
+
+    def abort(self) -> None:
+        self.aborted = True
+        self._writer.abort()
+
+
+def faulty_store(monkeypatch: pytest.MonkeyPatch, **faults: Any) -> tuple[ContentStore, list]:
+    store = content_store()
+    opened: list[_FaultyWriter] = []
+    real_open = store.open_writer
+
+    def open_writer() -> _FaultyWriter:
+        opened.append(_FaultyWriter(real_open(), **faults))
+        return opened[-1]
+
+    monkeypatch.setattr(store, "open_writer", open_writer)
+    return store, opened
+
+
+def test_a_write_that_fails_behind_the_spool_fails_it_and_keeps_nothing(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    store, opened = faulty_store(monkeypatch, fail_after=3 * STORED_CHUNK_SIZE)
+    spool = EncryptedSpool(store, data_key=new_data_key(), aad_prefix=b"file-1")
+    with pytest.raises(OSError, match="No space left"), spool:
+        for _ in range(64):  # the error comes back on a later write, or at the latest on commit
+            spool.write(os.urandom(CHUNK_SIZE))
+        spool.commit("files/blob")
+    assert opened[0].aborted
+    assert [p for p in (tmp_path / "content").rglob("*") if p.is_file()] == []
+
+
+def test_sealed_chunks_written_behind_arrive_whole_and_in_order(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    store, opened = faulty_store(monkeypatch)
+    key = new_data_key()
+    pieces = [os.urandom(size) for size in (10, CHUNK_SIZE, 3 * CHUNK_SIZE + 7, 1, 200_000)] * 20
+    spool_into(store, "files/blob", pieces, data_key=key, aad=b"file-1")
+    plaintext = b"".join(pieces)
+    assert opened[0].writes > 20  # written piece by piece from the thread, not at the end
+    assert read_plain(store, "files/blob", key, len(plaintext), 0, len(plaintext) - 1) == plaintext
+
+
+def stalled_spool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[ContentStore, EncryptedSpool, _FaultyWriter]:
+    """A spool whose write-behind thread has started, writing to a disk that now stalls."""
+    store, opened = faulty_store(monkeypatch)
+    spool = EncryptedSpool(store, data_key=new_data_key(), aad_prefix=b"file-1")
+    spool.write(os.urandom(CHUNK_SIZE))
+    opened[0].gate.clear()
+    return store, spool, opened[0]
+
+
+def test_the_spool_waits_for_the_disk_instead_of_queueing_without_bound(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    store, spool, writer = stalled_spool(monkeypatch)
+    fed = 0
+
+    def feed() -> None:
+        nonlocal fed
+        for _ in range(100):
+            spool.write(os.urandom(CHUNK_SIZE))
+            fed += 1
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    feeder.join(0.5)
+    assert feeder.is_alive()  # blocked on the stalled disk
+    assert fed <= storage._WRITE_BEHIND_DEPTH  # a few sealed buffers held, not the stream
+    writer.gate.set()
+    feeder.join(10)
+    assert fed == 100
+    spool.commit("files/blob")
+    assert store.size("files/blob") == encrypted_size(101 * CHUNK_SIZE)
+
+
+def test_discarding_a_spool_with_writes_queued_stops_them_before_the_abort(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_local_content(settings, tmp_path / "content")
+    _, spool, writer = stalled_spool(monkeypatch)
+    for _ in range(3):
+        spool.write(os.urandom(CHUNK_SIZE))
+    threading.Timer(0.2, writer.gate.set).start()
+    spool.discard()  # returns once the thread is done with the writer
+    time.sleep(0.3)  # past the gate: a thread still running would write now
+    assert writer.aborted and not writer.written_after_abort
+    assert writer.writes <= 2  # the one under way finished, the queued ones were dropped
+    assert [p for p in (tmp_path / "content").rglob("*") if p.is_file()] == []
