@@ -20,6 +20,13 @@ on all alike) and reports its median. tok/s counts each request's real output to
 `--shared-prefix` instead compares the engine with and without its prefix cache on requests
 that all start with the same 500-token system prompt (the cache is emptied before each run).
 
+`--model-size 1b` builds (once, on the spot, no download) a random-weight model of the shape
+of Llama-3.2-1B, stored in bf16, for a GPU; the model runs on CUDA in bf16 when there is one.
+After the medians, one more engine run is metered: tok/s, peak GPU memory, and the least bytes
+its forwards had to read (weights once per forward + each sequence's live keys/values) per
+second, as a fraction of the device's memory bandwidth (the roofline; `--bandwidth-gbs`, or
+known GPUs by name).
+
 `--structured [options of benchmarks/structured.py]` runs that script: the same batch with and
 without JSON schemas on half of its rows.
 """
@@ -90,6 +97,95 @@ class HiddenEnds:
         forced[:] = float("-inf")
         forced[:, self.eos] = 0.0
         logits[hit] = forced
+
+
+# Peak memory bandwidth of common accelerators, bytes/s (vendor figures); --bandwidth-gbs wins.
+_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.04e12, "L40S": 0.864e12, "L4": 0.3e12}
+
+
+class DecodeTraffic:
+    """The least memory traffic of the model's forwards: its weights once per forward, and
+    each sequence's live keys/values once (packed prompt pieces and decoding rows alike).
+
+    Sequences are told apart by their positions: a row's positions run on by one within a
+    sequence, so a sequence ends where the next position is not its position + 1. The sums stay
+    on the device (no synchronisation per step) until `total_bytes` is read.
+    """
+
+    def __init__(self, model: Any) -> None:
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.kv_bytes_per_token = (
+            2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+        ) * model.dtype.itemsize
+        self.enabled = False
+        self.forwards = 0
+        self._tokens: list[torch.Tensor] = []
+        model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def reset(self) -> None:
+        self.forwards, self._tokens = 0, []
+
+    def total_bytes(self) -> int:
+        live = int(sum(t.item() for t in self._tokens))
+        return self.forwards * self.weight_bytes + live * self.kv_bytes_per_token
+
+    def _count(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        positions = kwargs["position_ids"]
+        ends = torch.ones_like(positions, dtype=torch.bool)
+        ends[..., :-1] = positions[..., 1:] != positions[..., :-1] + 1
+        self.forwards += 1
+        self._tokens.append(((positions + 1) * ends).sum())
+
+
+def device_bandwidth(device: torch.device, given_gbs: float | None) -> float | None:
+    if given_gbs:
+        return given_gbs * 1e9
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((bw for key, bw in _BANDWIDTH.items() if key in name), None)
+
+
+def roofline_run(
+    engine: Engine,
+    requests: list[GenerationRequest],
+    traffic: DecodeTraffic,
+    tokens: int,
+    bandwidth: float | None,
+    device: torch.device,
+) -> None:
+    """One more engine run, metered: tok/s, peak device memory, fraction of the roofline."""
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    traffic.reset()
+    traffic.enabled = True
+    began = time.perf_counter()
+    with torch.inference_mode():
+        run_engine(engine, requests)
+    if on_gpu:
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - began
+    traffic.enabled = False
+    moved = traffic.total_bytes()
+    line = (
+        f"  metered engine run: {tokens / seconds:7.1f} tok/s, {traffic.forwards} forwards, "
+        f"{moved / 1e9:.1f} GB read at least ({moved / seconds / 1e9:.0f} GB/s)"
+    )
+    if on_gpu:
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        line += f"; GPU memory peak {peak:.1f} of {total:.0f} GiB"
+    if bandwidth:
+        line += f"; {moved / seconds / bandwidth:.1%} of the {bandwidth / 1e12:.2f} TB/s roofline"
+    print(line, flush=True)
 
 
 def make_requests(
@@ -232,13 +328,30 @@ def main() -> None:
     parser.add_argument("--single-sample", type=int, default=16, help="requests run by (a)")
     parser.add_argument("--shared-prefix", action="store_true")
     parser.add_argument("--skip", nargs="*", default=[], help="strategy letters to leave out")
+    parser.add_argument(
+        "--model-size",
+        choices=["bench", "1b"],
+        default="bench",
+        help="demo model built on the spot (1b: the shape of Llama-3.2-1B, for a GPU)",
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when available)")
+    parser.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        help="the device's memory bandwidth for the roofline (default: known GPUs by name)",
+    )
     args = parser.parse_args()
 
-    model_dir = build_demo_model(args.model_dir, size="bench")
-    model, tokenizer = load_model(str(model_dir))
+    model_dir = args.model_dir
+    if args.model_size != "bench" and model_dir == parser.get_default("model_dir"):
+        model_dir = ROOT / f"var/models/tiny-chat-{args.model_size}"
+    model_dir = build_demo_model(model_dir, size=args.model_size)
+    model, tokenizer = load_model(str(model_dir), device=args.device)
     eos = int(tokenizer.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     hidden = HiddenEnds(model, eos, seed=args.seed)
+    traffic = DecodeTraffic(model)
+    bandwidth = device_bandwidth(model.device, args.bandwidth_gbs)
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model {model_dir.name}: {params / 1e6:.1f}M params, {model.dtype}, {model.device}, "
@@ -312,6 +425,7 @@ def main() -> None:
         for name, rate in rates.items():
             if not name.startswith("(d)"):
                 print(f"  engine / {name[:3]}: {ours / rate:.2f}x")
+        roofline_run(engine, requests, traffic, sum(expected), bandwidth, model.device)
         print(flush=True)
 
 

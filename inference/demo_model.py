@@ -87,7 +87,20 @@ SIZES: dict[str, DemoSize] = {
         num_attention_heads=8,
         num_key_value_heads=8,
     ),
+    # The shape of Llama-3.2-1B (hidden 2048, 16 layers, grouped-query attention 32/8) with the
+    # demo vocabulary: ~0.98B parameters, stored in bf16 (~2 GB), for the GPU benchmarks
+    # (issue 8). Random weights built on the spot: nothing is downloaded.
+    "1b": DemoSize(
+        vocab_size=2000,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
 }
+# Sizes whose weights are stored in bf16 (half the disk and load time; fp32 buys nothing there).
+_STORED_BF16 = frozenset({"1b"})
 
 _SEED = 20261130
 _LOGIT_STD = 3.0
@@ -276,30 +289,25 @@ def demo_revision_fields(path: Path, size: str) -> dict[str, Any]:
 
 def _build_into(directory: Path, size: str) -> None:
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM
 
     spec = SIZES[size]
     tokenizer = build_tokenizer(spec.vocab_size)
     end_of_text = tokenizer.convert_tokens_to_ids(END_OF_TEXT)
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
-    config = LlamaConfig(
+    config = llama_config(
+        spec,
         vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=CONTEXT_LENGTH,
-        bos_token_id=None,
         eos_token_id=[im_end, end_of_text],
         pad_token_id=end_of_text,
-        tie_word_embeddings=False,
     )
     # A private RNG stream: builds are reproducible and the caller's global RNG is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         model = LlamaForCausalLM(config)
     sharpen_output_head(model, spec.hidden_size)
+    if size in _STORED_BF16:
+        model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(
         eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text
     )
@@ -308,6 +316,24 @@ def _build_into(directory: Path, size: str) -> None:
     tokenizer.save_pretrained(directory, save_jinja_files=False)
     marker = {"size": size, **asdict(spec), "build_version": BUILD_VERSION, "seed": _SEED}
     (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def llama_config(spec: DemoSize, *, vocab_size: int, **options: Any) -> Any:
+    """The LlamaConfig of a demo model of shape `spec` (no weights are made)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=CONTEXT_LENGTH,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        **options,
+    )
 
 
 def sharpen_output_head(model: Any, hidden_size: int) -> None:

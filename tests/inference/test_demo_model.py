@@ -92,3 +92,19 @@ def test_management_command_builds_into_the_output_dir_and_prints_it(tmp_path: P
 
     assert out.getvalue().strip() == str(tmp_path / "m")
     assert (tmp_path / "m" / MARKER).is_file()
+
+
+def test_the_1b_size_has_the_shape_of_a_1b_llama() -> None:
+    # Counted on the meta device: the GPU benchmark's model, without building its weights here.
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from inference.demo_model import SIZES, llama_config
+
+    spec = SIZES["1b"]
+    config = llama_config(spec, vocab_size=spec.vocab_size)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    params = sum(p.numel() for p in model.parameters())
+    assert 0.9e9 < params < 1.1e9
+    assert spec.num_attention_heads // spec.num_key_value_heads == 4  # grouped-query attention
