@@ -64,8 +64,12 @@ def serve_key(
     `on_batch_done` is also called with each as soon as it is known. Only one thread per
     process serves a key at a time: a second wake-up returns at once, since the first
     claims new items as it goes. `max_items` stops claiming after that many (tests).
-    `on_more_work` is called once if the first claim filled a whole group: more work is
-    waiting, so the caller can wake another worker (scale-out fans out one wake-up at a time).
+    `on_more_work` is called after every claim that filled a whole group: more work is
+    waiting, so the caller can wake another worker. One wake-up per full group, not one per
+    run: idle workers poll the broker about once a second, so a chain of single wake-ups
+    (each woken worker waking the next) took a second per worker to spread a large batch,
+    while several pending at once reach every idle worker in one poll. A wake-up that finds
+    nothing left to claim costs one claim query.
     """
     with _serving_lock:
         if key in _serving:
@@ -188,8 +192,7 @@ class _Run:
         if self.remaining is not None:
             self.remaining -= len(prepared)
         if self.on_more_work is not None and len(prepared) >= self.prepare.group_size:
-            more, self.on_more_work = self.on_more_work, None
-            more()
+            self.on_more_work()
         for p in prepared:
             self._hold(p.request.id if isinstance(p, Work) else f"prep:{p.item.pk}", p.item)
         return prepared

@@ -393,3 +393,18 @@ def test_deleting_the_input_while_a_batch_is_accepted_never_gives_two_200s(
                 "backend_unavailable",
             )
             assert not Batch.objects.filter(input_file_id=answers["file_id"]).exists()
+
+
+@pytest.mark.django_db
+def test_every_full_claim_group_wakes_another_worker(api: Api, catalog_model, settings):
+    # Scale-out: wake-ups spread while work is waiting, one per full group, none after.
+    settings.EXECUTION_CLAIM_GROUP = 4
+    batch = submit(api, rows(10, max_tokens=1), key="fan-out")
+    wakes: list[int] = []
+
+    def more_work() -> None:
+        wakes.append(BatchItem.objects.filter(batch_id=batch["id"], state="pending").count())
+
+    serve_key(_key(batch["id"]), on_more_work=more_work)
+    assert wakes == [6, 2]  # groups of 4, 4 and 2: the short last group wakes nobody
+    assert not BatchItem.objects.filter(batch_id=batch["id"], state="pending").exists()
