@@ -9,7 +9,7 @@ leases re-issued under new tokens: the fence refuses its results.
 
 On PostgreSQL a process also holds a session advisory lock keyed by its id on its liveness
 connection. A `kill -9` ends that session, so the lock comes free at once, and another process
-recovers the leases as soon as the row is a little more than two beats old (5 s by default)
+recovers the leases as soon as the row is a little more than two beats old (2.5 s by default)
 instead of after the whole silence (8 s). A live process whose session was cut (a killed
 backend, a restarted database) re-connects and takes its lock again within two beats, before
 that grace runs out, so it is not mistaken for dead.

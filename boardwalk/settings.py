@@ -234,7 +234,10 @@ ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
 # Worker liveness: each worker process stamps its row this often; a process silent for
 # WORKER_DEAD_AFTER_SECONDS is dead and the others free its leases at once, so recovery
 # after a crash takes seconds while item leases stay long (batches.liveness).
-WORKER_HEARTBEAT_SECONDS = env_int("BOARDWALK_WORKER_HEARTBEAT_SECONDS", 2)
+# One beat a second: on PostgreSQL a killed process is judged dead 2.5 beats after its last
+# stamp, so the beat sets how soon its items run again (benchmarks/scale.py: 4.4 s at 2 s,
+# 2.5 s at 1 s). A beat is one row update and one recovery query per process.
+WORKER_HEARTBEAT_SECONDS = env_int("BOARDWALK_WORKER_HEARTBEAT_SECONDS", 1)
 WORKER_DEAD_AFTER_SECONDS = env_int("BOARDWALK_WORKER_DEAD_AFTER_SECONDS", 8)
 # The execution pipeline (batches.execution): items leased per claim query, and how many
 # finished results one record transaction writes at most.
