@@ -146,6 +146,9 @@ def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGro
                 id__in=ids, lease_owner=worker_id, state=BatchItem.State.RUNNING
             )
             .select_related("batch", "batch__input_file")
+            # The input file's per-line index and token counts are JSON as long as the file:
+            # parsed for every claimed row, they made a claim cost O(rows x lines).
+            .defer("batch__input_file__line_index", "batch__input_file__prompt_tokens")
             .order_by("deadline", "batch_id", "index")
         )
         return ClaimGroup(items, ended)

@@ -41,7 +41,7 @@ from inference.tokenization import media_layout_for
 
 logger = logging.getLogger(__name__)
 
-RECORD_WINDOW_SECONDS = 0.02  # a record group gathers results for this long at most
+RECORD_WINDOW_SECONDS = 0.1  # a record group gathers results for this long at most
 STOPPING_POLL_SECONDS = 1.0
 _END = object()
 

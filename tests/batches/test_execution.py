@@ -408,3 +408,16 @@ def test_every_full_claim_group_wakes_another_worker(api: Api, catalog_model, se
     serve_key(_key(batch["id"]), on_more_work=more_work)
     assert wakes == [6, 2]  # groups of 4, 4 and 2: the short last group wakes nobody
     assert not BatchItem.objects.filter(batch_id=batch["id"], state="pending").exists()
+
+
+@pytest.mark.django_db
+def test_a_claim_does_not_load_the_input_files_per_line_json(api: Api, catalog_model):
+    # File.line_index and prompt_tokens grow with the file: parsed for every claimed row, a
+    # claim of a 50,000-line file cost O(rows x lines). The worker needs neither.
+    data = submit(api, rows(3))
+    items = items_claim(key=_key(data["id"]), worker_id="w", limit=3)
+    assert len(items) == 3
+    for item in items:
+        deferred = item.batch.input_file.get_deferred_fields()
+        assert {"line_index", "prompt_tokens"} <= deferred
+        assert item.batch.input_file.storage_name  # what the worker reads is there
