@@ -307,7 +307,7 @@ def _build_into(directory: Path, size: str) -> None:
         model = LlamaForCausalLM(config)
     sharpen_output_head(model, spec.hidden_size)
     if size in _STORED_BF16:
-        model.to(torch.bfloat16)
+        torch.nn.Module.to(model, torch.bfloat16)
     model.generation_config = GenerationConfig(
         eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text
     )
