@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Min, Q, QuerySet
 
 from batches.models import Batch, BatchItem
@@ -182,20 +182,50 @@ class ItemOutcome:
     gpu_seconds: float = 0.0
 
 
-def _fenced(item: BatchItem, worker_id: str, now: dt.datetime) -> QuerySet[BatchItem]:
-    """The item's row, only while this worker's lease on it is current and unexpired.
+# The columns a fenced write sets, in the order items_record passes their values.
+_FENCED_WRITE = (
+    "state",
+    "result",
+    "error_code",
+    "usage_prompt_tokens",
+    "usage_cached_tokens",
+    "usage_completion_tokens",
+    "lease_owner",
+    "lease_expires_at",
+    "completed_at",
+)
+_fenced_sql: dict[str, str] = {}
 
-    The compare-and-set on (state, owner, token) fences off a worker whose item was
-    re-claimed or whose batch stopped; the expiry check fences off one that paused past its
-    lease although nobody has re-claimed the item yet.
+
+def _fenced_write_sql() -> str:
+    """The fenced write of one finished row, as SQL built once per database vendor.
+
+    The row is written only while this worker's lease on it is current and unexpired: the
+    compare-and-set on (state, owner, token) fences off a worker whose item was re-claimed or
+    whose batch stopped; the expiry check fences off one that paused past its lease although
+    nobody has re-claimed the item yet. Plain SQL because the same ORM update, compiled per
+    row, cost ~0.5 ms of Python each (under the GIL the engine thread needs), more than the
+    statement itself.
     """
-    return BatchItem.objects.filter(
-        id=item.id,
-        state=BatchItem.State.RUNNING,
-        lease_owner=worker_id,
-        lease_token=item.lease_token,
-        lease_expires_at__gt=now,
-    )
+    vendor = connection.vendor
+    if vendor not in _fenced_sql:
+        quote = connection.ops.quote_name
+
+        def column(name: str) -> str:
+            return quote(BatchItem._meta.get_field(name).column)  # type: ignore[union-attr,arg-type]
+
+        assignments = ", ".join(f"{column(name)} = %s" for name in _FENCED_WRITE)
+        fence = " AND ".join(
+            f"{column(n)} = %s" for n in ("id", "state", "lease_owner", "lease_token")
+        )
+        table = quote(BatchItem._meta.db_table)
+        # Only the model's own quoted table and column names are formatted in; every value
+        # is a parameter.
+        _fenced_sql[vendor] = (
+            f"UPDATE {table} SET {assignments} "  # noqa: S608
+            f"WHERE {fence} AND {column('lease_expires_at')} > %s"
+        )
+    return _fenced_sql[vendor]
 
 
 def items_record(
@@ -213,21 +243,33 @@ def items_record(
     """
     now = clock.now()
     written: list[bool] = []
-    with transaction.atomic():
+    sql = _fenced_write_sql()
+    at = connection.ops.adapt_datetimefield_value(now)
+    with transaction.atomic(), connection.cursor() as cursor:
         for o in outcomes:
             state = BatchItem.State.SUCCEEDED if o.succeeded else BatchItem.State.FAILED
-            updated = _fenced(o.item, worker_id, now).update(
-                state=state,
-                result=o.result,
-                error_code=o.error_code,
-                usage_prompt_tokens=o.prompt_tokens,
-                usage_cached_tokens=o.cached_tokens if o.succeeded else 0,
-                usage_completion_tokens=o.completion_tokens if o.succeeded else 0,
-                lease_owner="",
-                lease_expires_at=None,
-                completed_at=now,
+            cursor.execute(
+                sql,
+                [
+                    # SET: what `_FENCED_WRITE` names, in its order
+                    str(state),
+                    o.result,
+                    o.error_code,
+                    o.prompt_tokens,
+                    o.cached_tokens if o.succeeded else 0,
+                    o.completion_tokens if o.succeeded else 0,
+                    "",
+                    None,
+                    at,
+                    # WHERE: the fence (see _fenced_write_sql)
+                    o.item.id,
+                    str(BatchItem.State.RUNNING),
+                    worker_id,
+                    o.item.lease_token,
+                    at,
+                ],
             )
-            written.append(bool(updated))
+            written.append(cursor.rowcount == 1)
         fault_point("item_finish.in_transaction")  # test only: holding the written rows' locks
         if in_transaction is not None:
             in_transaction([o for o, ok in zip(outcomes, written, strict=True) if ok])
