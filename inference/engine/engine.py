@@ -171,6 +171,7 @@ class Engine:
         element = torch.empty((), dtype=self._dtype).element_size()
         self.block_size = block_size
         block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
+        self._key_width = head_dim * kv_heads / text.num_attention_heads
         if max_num_blocks is None:
             if kv_cache_bytes is None:
                 kv_cache_bytes = self._default_kv_bytes(block_bytes // block_size, layers)
@@ -657,46 +658,62 @@ class Engine:
     def _forward(self, work: list[tuple[_Sequence, int]]) -> torch.Tensor:
         """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
 
-        The scheduled tokens (one per decoding row, or the pieces of prompts) are packed into
-        one `[1, tokens]` row. Their keys are the union of the slots their sequences attend
-        to, each slot once, however many sequences share it (a common prefix's blocks), and a
-        mask says which query may see which slot: no padding to the longest row, no copy of a
-        shared block per row, and one attention product for the whole step instead of one
-        per row (3-9x faster for decoding rows on CPU than a padded [rows, 1] batch).
+        Two layouts, whichever costs less (`_decode_padded`):
+
+        - packed: the scheduled tokens (pieces of prompts, or one per decoding row) form one
+          `[1, tokens]` row. Their keys are the union of the slots their sequences attend to,
+          each slot once however many sequences share it (a common prefix's blocks), and a
+          mask says which query may see which slot: one attention product for the step, no
+          padding, no copy of a shared block per row.
+        - padded (decoding rows only): a `[rows, 1]` batch, each row attending to its own
+          context padded to the longest. Without shared blocks the packed product costs
+          rows x (sum of the contexts), this one rows x (the longest), but each row's keys
+          are gathered even where rows share them.
         """
         device, bs = self._device, self.block_size
         takes_list = [take for _, take in work]
         starts_list = [seq.computed for seq, _ in work]
         lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
         width = math.ceil(max(lengths_list) / bs)
-        table = _to(
-            [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work], device
-        )
+        tables = [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work]
+        table = _to(tables, device)
         lengths = _to(lengths_list, device)
-        ids = _to(
-            [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
-            device,
-        )
-        takes, starts = _to(takes_list, device), _to(starts_list, device)
-        rows = torch.arange(len(work), device=device)
-        q_row = rows.repeat_interleave(takes)
-        q_first = torch.cumsum(takes, 0) - takes
-        q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
-        k_row = rows.repeat_interleave(lengths)
-        k_first = torch.cumsum(lengths, 0) - lengths
-        k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
-        slots = table[k_row, k_pos // bs] * bs + k_pos % bs
-        unique, column = torch.unique(slots, return_inverse=True)
-        # Keys are already rotated (RoPE) in the cache, so their order in the product is free.
-        pair = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
-        allowed = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
-        allowed.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
-        read = unique[None]
-        write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
-        positions = q_pos[None]
-        allowed = allowed.bool()[None, None]
-        keep: torch.Tensor = torch.cumsum(takes, 0) - 1
-        embeds = self._media_embeddings(ids, work)
+        padded = max(takes_list) == 1 and _decode_padded(tables, lengths_list, bs, self._key_width)
+        if padded:
+            ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
+            k = torch.arange(width * bs, device=device)
+            inside = k[None, :] < lengths[:, None]
+            read = torch.where(inside, table[:, k // bs] * bs + k % bs, 0)
+            positions = (lengths - 1)[:, None]
+            write = table.gather(1, positions // bs) * bs + positions % bs
+            allowed = inside[:, None, None, :]
+            keep: int | torch.Tensor = 1
+        else:
+            ids = _to(
+                [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
+                device,
+            )
+            takes, starts = _to(takes_list, device), _to(starts_list, device)
+            rows = torch.arange(len(work), device=device)
+            q_row = rows.repeat_interleave(takes)
+            q_first = torch.cumsum(takes, 0) - takes
+            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
+            k_row = rows.repeat_interleave(lengths)
+            k_first = torch.cumsum(lengths, 0) - lengths
+            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
+            slots = table[k_row, k_pos // bs] * bs + k_pos % bs
+            unique, column = torch.unique(slots, return_inverse=True)
+            # Keys are already rotated (RoPE) in the cache, so their order in the product is
+            # free.
+            pair = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            union = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
+            union.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
+            read = unique[None]
+            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
+            positions = q_pos[None]
+            allowed = union.bool()[None, None]
+            keep = torch.cumsum(takes, 0) - 1
+        embeds = self._media_embeddings(ids, work, packed=not padded)
         mask: torch.Tensor = allowed
         if self._attention == "eager":
             mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
@@ -713,15 +730,19 @@ class Engine:
             use_cache=True,
             logits_to_keep=keep,
         )
-        # A model that ignores logits_to_keep (Qwen2-Audio) gives every position back.
-        logits = out.logits[0] if out.logits.shape[1] == keep.shape[0] else out.logits[0, keep]
+        if isinstance(keep, int):
+            logits = out.logits[:, -1]
+        elif out.logits.shape[1] == keep.shape[0]:
+            logits = out.logits[0]
+        else:  # a model that ignores logits_to_keep (Qwen2-Audio) gives every position back
+            logits = out.logits[0, keep]
         if self._vocab_size > self._tokenizer_size:
             # Padded embedding rows have no token behind them.
             logits[:, self._tokenizer_size :] = float("-inf")
         return logits
 
     def _media_embeddings(
-        self, ids: torch.Tensor, work: list[tuple[_Sequence, int]]
+        self, ids: torch.Tensor, work: list[tuple[_Sequence, int]], *, packed: bool
     ) -> torch.Tensor | None:
         """Input embeddings with the placeholders of this step's media replaced by their
         features; None when no scheduled piece covers a placeholder (text stays on input_ids).
@@ -731,7 +752,7 @@ class Engine:
         """
         pieces: list[tuple[int, int, torch.Tensor]] = []
         offset = 0
-        for seq, take in work:
+        for row, (seq, take) in enumerate(work):
             lo, hi = seq.computed, seq.computed + take
             for index, media in enumerate(seq.owner.request.media):
                 a, b = max(lo, media.start), min(hi, media.start + media.length)
@@ -742,7 +763,8 @@ class Engine:
                     if self._media is None:  # _invalid refuses media without a processor
                         raise RuntimeError("media without an encoder")
                     features = seq.owner.features[index] = self._media.encode(media)
-                pieces.append((0, offset + a - lo, features[a - media.start : b - media.start]))
+                at = (0, offset + a - lo) if packed else (row, 0)
+                pieces.append((*at, features[a - media.start : b - media.start]))
             offset += take
         if not pieces:
             return None
@@ -847,6 +869,30 @@ def _media_key(media: Sequence[MediaInput], lo: int, hi: int) -> bytes:
     if not media:
         return b""
     return b"".join(m.digest for m in media if m.start < hi and lo < m.start + m.length)
+
+
+def _decode_padded(
+    tables: list[list[int]], lengths: list[int], block_size: int, key_width: float
+) -> bool:
+    """Whether decoding rows are cheaper padded to the longest row than packed over the union
+    of their slots.
+
+    Per query, the packed product visits every distinct slot (a multiply-add per head and
+    dimension, and a mask entry), the padded one gathers and reads its row's slots padded to
+    the longest. Measured on CPU (engine runs of the tiny and bench demo models), a (query,
+    slot) pair of the packed product costs about half of one gathered element, so the padded
+    layout wins when the distinct slots outnumber the longest row `key_width / 2` times
+    (`key_width`: key elements per query head, head_dim x kv_heads / heads): 32 rows of mixed
+    lengths with 16-wide heads go padded (1.3x the engine's rate on the tiny model), with
+    64-wide heads they stay packed (padded was 0.84x on the bench model), and so do rows
+    sharing a prompt.
+    """
+    distinct = {
+        block
+        for table, length in zip(tables, lengths, strict=True)
+        for block in table[: math.ceil(length / block_size)]
+    }
+    return 2 * len(distinct) * block_size > max(lengths) * key_width
 
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:

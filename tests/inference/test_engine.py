@@ -154,6 +154,57 @@ def test_greedy_in_a_mixed_batch_equals_unbatched_generation(model, tokenizer) -
         assert results[str(i)].completion_tokens == b
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "packed"])
+def test_both_decoding_layouts_equal_unbatched_generation(
+    model, tokenizer, monkeypatch, padded: bool
+) -> None:
+    # Rows sharing a system prompt (one block table entry read by several rows) and rows
+    # without one, decoded either way: each layout must give transformers' own tokens.
+    from inference.engine import engine as engine_module
+
+    chosen: list[bool] = []
+
+    def layout(*args) -> bool:
+        chosen.append(padded)
+        return padded
+
+    monkeypatch.setattr(engine_module, "_decode_padded", layout)
+    prompts = [
+        prompt(tokenizer, "When do you open?", system=LONG_SYSTEM),
+        prompt(tokenizer, "Hi."),
+        prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM),
+        prompt(tokenizer, "A longer question, " * 9),
+    ]
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+
+    results = run(engine, [GenerationRequest(str(i), p, greedy(14)) for i, p in enumerate(prompts)])
+
+    assert chosen  # the decoding steps went through the choice
+    for i, p in enumerate(prompts):
+        assert results[str(i)].choices[0].token_ids == reference(model, p, 14), f"request {i}"
+
+
+def test_decoding_layout_pads_only_rows_that_share_nothing_and_are_many() -> None:
+    from inference.engine.engine import _decode_padded
+
+    # 32 rows of 100-300 tokens in their own blocks, 16-wide heads: padded.
+    lengths = [100 + 200 * i // 31 for i in range(32)]
+    tables, next_block = [], 1
+    for length in lengths:
+        count = -(-length // 16)
+        tables.append(list(range(next_block, next_block + count)))
+        next_block += count
+    assert _decode_padded(tables, lengths, 16, key_width=16)
+    # The same rows with 64-wide heads: packed.
+    assert not _decode_padded(tables, lengths, 16, key_width=64)
+    # The same rows all reading one 500-token prompt's blocks first: packed.
+    prefix = list(range(1000, 1032))
+    shared = [prefix + t[:2] for t in tables]
+    assert not _decode_padded(shared, [512 + 20] * 32, 16, key_width=16)
+    # Two rows: packed.
+    assert not _decode_padded(tables[:2], lengths[:2], 16, key_width=16)
+
+
 def test_eager_attention_gets_an_additive_mask_and_the_same_tokens(
     model, tokenizer, tiny_model_dir: Path
 ) -> None:
