@@ -398,6 +398,11 @@ def leases_recover(*, dead_processes: Iterable[str] = (), expired: bool = True) 
     return requeued, failed
 
 
+def key_has_claimable_items(key: EngineKey) -> bool:
+    """One indexed existence query: whether a wake-up for `key` has anything to claim."""
+    return _claimable(key, clock.now()).exists()
+
+
 def keys_with_claimable_items() -> set[EngineKey]:
     rows = (
         BatchItem.objects.filter(

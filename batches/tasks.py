@@ -22,7 +22,17 @@ ENGINE_BUDGET_SECONDS = 10 * 60  # then the actor re-enqueues itself if work rem
 ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 
 
-@dramatiq.actor(queue_name="engine", max_retries=3, time_limit=ENGINE_TIME_LIMIT_MS)
+# Lower numbers run first among messages a worker holds: a finished batch's finalization
+# does not wait behind the wake-ups its own run sent (one per full claim group).
+ENGINE_WAKE_PRIORITY = 10
+
+
+@dramatiq.actor(
+    queue_name="engine",
+    max_retries=3,
+    time_limit=ENGINE_TIME_LIMIT_MS,
+    priority=ENGINE_WAKE_PRIORITY,
+)
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     # Imported here on purpose: the web process declares this actor only to send it, and must
     # never load the engine (torch); only worker processes run it.

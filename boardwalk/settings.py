@@ -229,6 +229,10 @@ ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
 # measure what it gives (benchmarks/platform_vs_engine.py --sectioned).
 ENGINE_PREFIX_CACHE = env_bool("BOARDWALK_ENGINE_PREFIX_CACHE", True)
 ENGINES_PER_PROCESS = env_int("BOARDWALK_ENGINES_PER_PROCESS", 1)
+# Each engine runs in a child process of the worker, fed over pipes, so the worker's own
+# Python (claims, prompts, records) never holds the interpreter lock the engine's steps need
+# (inference/engine/process.py). Off: the engine runs inside the worker process (the tests).
+ENGINE_PROCESS = env_bool("BOARDWALK_ENGINE_PROCESS", True)
 ITEM_LEASE_SECONDS = env_int("BOARDWALK_ITEM_LEASE_SECONDS", 60)
 ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
 # Worker liveness: each worker process stamps its row this often; a process silent for

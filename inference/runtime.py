@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
+from inference.engine.process import EngineProcess
 from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
@@ -24,19 +25,27 @@ _tokenizers: OrderedDict[str, Any] = OrderedDict()
 _engine_locks: dict[str, threading.Lock] = {}
 
 
+def _load_options(revision: ModelRevision) -> dict[str, Any]:
+    return {
+        "weights": revision.weights,
+        "tokenizer": revision.tokenizer or None,
+        "dtype": revision.dtype,
+        "chat_template": revision.chat_template or None,
+        "revision": revision.weights_revision or None,
+    }
+
+
 def _load(revision: ModelRevision) -> tuple[Any, Any]:
-    return load_model(
-        revision.weights,
-        tokenizer=revision.tokenizer or None,
-        dtype=revision.dtype,
-        chat_template=revision.chat_template or None,
-        revision=revision.weights_revision or None,
-    )
+    return load_model(**_load_options(revision))
+
+
+def _publishes_media(revision: ModelRevision) -> bool:
+    return bool(set(revision.modalities) & {"image", "audio"})
 
 
 def _processor(revision: ModelRevision) -> Any:
     """The processor of a revision that publishes media (its encoders' inputs), else None."""
-    if not set(revision.modalities) & {"image", "audio"}:
+    if not _publishes_media(revision):
         return None
     return load_processor(revision.weights, revision=revision.weights_revision or None)
 
@@ -61,8 +70,9 @@ def engine_lock(revision_id: str) -> threading.Lock:
 
 
 def engine_for(revision: ModelRevision) -> Any:
-    """The process's engine for `revision` (an `Engine`, or a `FakeEngine` when
-    BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks)."""
+    """The process's engine for `revision`: an `EngineProcess` (the engine in a child
+    process, BOARDWALK_ENGINE_PROCESS, the default), an in-process `Engine`, or a
+    `FakeEngine` when BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks."""
     with _lock:
         cached = _engines.get(revision.id)
         if cached is not None:
@@ -77,22 +87,42 @@ def engine_for(revision: ModelRevision) -> Any:
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
             step_seconds=float(backend.removeprefix("fake:")) / 1000,
         )
+    elif settings.ENGINE_PROCESS:
+        tokenizer = _load_tokenizer(revision)
+        engine = EngineProcess(
+            load=_load_options(revision),
+            engine_options=_engine_options(revision),
+            tokenizer=tokenizer,
+            with_processor=_publishes_media(revision),
+        )
     else:
         model, tokenizer = _load(revision)
         engine = Engine(
-            model,
-            tokenizer,
-            context_length=revision.context_length,
-            max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
-            prefix_cache=settings.ENGINE_PREFIX_CACHE,
-            processor=_processor(revision),
+            model, tokenizer, processor=_processor(revision), **_engine_options(revision)
         )
+    evicted = []
     with _lock:
         _engines[revision.id] = engine
         _tokenizers[revision.id] = tokenizer
         while len(_engines) > settings.ENGINES_PER_PROCESS:
-            _engines.popitem(last=False)
+            evicted.append(_engines.popitem(last=False)[1])
+    for old in evicted:
+        _close(old)
     return engine
+
+
+def _engine_options(revision: ModelRevision) -> dict[str, Any]:
+    return {
+        "context_length": revision.context_length,
+        "max_batch_size": settings.ENGINE_MAX_BATCH_SIZE,
+        "prefix_cache": settings.ENGINE_PREFIX_CACHE,
+    }
+
+
+def _close(engine: Any) -> None:
+    """An engine process ends with its last reference here (an in-process engine is freed)."""
+    if isinstance(engine, EngineProcess):
+        engine.close()
 
 
 def loaded_revision_ids() -> list[str]:
@@ -104,7 +134,9 @@ def loaded_revision_ids() -> list[str]:
 def engine_drop(revision_id: str) -> None:
     """Forget a broken engine: the next wake-up loads it afresh."""
     with _lock:
-        _engines.pop(revision_id, None)
+        engine = _engines.pop(revision_id, None)
+    if engine is not None:
+        _close(engine)
 
 
 def tokenizer_for(revision: ModelRevision) -> Any:

@@ -38,6 +38,13 @@ redis_only = pytest.mark.skipif(not django_settings.REDIS_URL, reason="needs Red
 
 
 @pytest.fixture(autouse=True)
+def _engine_in_process(settings: Any) -> None:
+    """Tests run the engine inside the test process (each test's revision would otherwise
+    start its own engine process); tests/inference/test_engine_process.py covers that one."""
+    settings.ENGINE_PROCESS = False
+
+
+@pytest.fixture(autouse=True)
 def _content_in_tmp(settings: Any, tmp_path: Path) -> None:
     """Each test stores its encrypted blobs in its own folder."""
     settings.STORAGES = {

@@ -26,13 +26,15 @@ from django.db import connection
 
 from batches.execution.prepare import Prepare, Unpreparable, Work
 from batches.execution.record import Finished, Record
-from batches.items import EngineKey, item_release, items_heartbeat
+from batches.items import EngineKey, item_release, items_heartbeat, key_has_claimable_items
 from batches.lifecycle import batch_fail
 from batches.liveness import worker_id
 from batches.models import Batch, BatchItem
 from boardwalk import clock
-from boardwalk.codes import ErrorCode, ItemCode
+from boardwalk.codes import ErrorCode
+from inference.engine.containment import Contained
 from inference.engine.loading import ModelLoadError
+from inference.engine.process import EngineProcessError
 from inference.engine.types import GenerationRequest, GenerationResult
 from inference.media_layout import MediaLayout
 from inference.models import ModelRevision
@@ -76,12 +78,16 @@ def serve_key(
             return set()
         _serving.add(key)
     try:
+        # Wake-ups outnumber runs (one per full claim group, for other workers): one that
+        # finds nothing costs this query, not a model load or a run's threads.
+        if not key_has_claimable_items(key):
+            return set()
         revision = ModelRevision.objects.filter(id=key.revision_id).first()
         if revision is None:  # a stale message: nothing of this revision can be claimed
             return set()
         try:
             engine = engine_for(revision)
-        except ModelLoadError as exc:
+        except (ModelLoadError, EngineProcessError) as exc:
             logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
             return _fail_batches_of(key, message=str(exc))
         # Media rows are laid out only for an engine that runs their encoders.
@@ -153,7 +159,6 @@ class _Run:
         )
         self.record = Record(owner=self.owner, on_batch_done=on_batch_done)
         self._held: dict[str, BatchItem] = {}  # request id → item, claimed and not recorded
-        self._in_engine: dict[str, GenerationRequest] = {}  # handed to the engine, no result
         self._lock = threading.Lock()
         self._stopping: frozenset[str] = frozenset()
         self.engine_broken = False
@@ -174,7 +179,6 @@ class _Run:
 
     def _take(self, rid: str) -> BatchItem | None:
         with self._lock:
-            self._in_engine.pop(rid, None)
             return self._held.pop(rid, None)
 
     def _claim_more(self) -> bool:
@@ -228,49 +232,18 @@ class _Run:
     def _generate(
         self, source: Iterator[GenerationRequest], aborted: Callable[[], frozenset[str]]
     ) -> Iterator[GenerationResult]:
-        """The engine's results; a request that makes it raise is isolated (see module doc)."""
-
-        def tracked() -> Iterator[GenerationRequest]:
-            for request in source:
-                with self._lock:
-                    self._in_engine[request.id] = request
-                yield request
-
-        feed = tracked()
-        while True:
-            try:
-                yield from self.engine.generate(feed, aborted=aborted)
-                return
-            except Exception as exc:
-                logger.error("engine failed (%s); isolating its requests", type(exc).__name__)
-                with self._lock:
-                    suspects = list(self._in_engine.values())
-                    self._in_engine.clear()
-                failures = 0
-                for request in suspects:
-                    try:
-                        yield from self.engine.generate([request], aborted=aborted)
-                    except Exception as alone:
-                        failures += 1
-                        logger.error(
-                            "request %s fails alone (%s): internal_error",
-                            request.id.split(":")[0],
-                            type(alone).__name__,
-                        )
-                        yield GenerationResult(
-                            id=request.id,
-                            choices=[],
-                            prompt_tokens=len(request.prompt_ids),
-                            completion_tokens=0,
-                            cached_tokens=0,
-                            busy_seconds=0.0,
-                            error=ItemCode.INTERNAL_ERROR,
-                        )
-                if len(suspects) > 1 and failures == len(suspects):
-                    # Not one request: the engine itself is broken. Stop; whatever is still
-                    # held goes back to the queue and its attempts already count.
-                    self.engine_broken = True
-                    return
+        """The engine's results; a request that makes it raise is isolated (see module doc):
+        in the engine process itself (`EngineProcess`), or here around an in-process one."""
+        runner = self.engine if getattr(self.engine, "contains_failures", False) else None
+        if runner is None:
+            runner = Contained(self.engine)
+        try:
+            yield from runner.generate(source, aborted=aborted)
+        finally:
+            if runner.broken:
+                # Not one request: the engine itself is broken. Stop; whatever is still
+                # held goes back to the queue and its attempts already count.
+                self.engine_broken = True
 
     # -- inline: the caller's thread runs every stage ----------------------------------------
 
@@ -330,6 +303,8 @@ class _Run:
             while preparer.is_alive():  # unblock a prepare stage waiting for room
                 with contextlib.suppress(queue.Empty):
                     ahead.get(timeout=0.1)
+            with contextlib.suppress(queue.Full):  # and an engine process's feeder
+                ahead.put_nowait(_END)
             results.put(_END)
             recorder.join()
             heartbeat.stopped.set()

@@ -62,7 +62,9 @@ def main() -> int:
         time.sleep(delay)
         delay = min(delay * 2, 30.0)
         batch = client.batches.retrieve(batch.id)
-        print(f"{batch.status}: {batch.request_counts.completed}/{batch.request_counts.total}")
+        counts = batch.request_counts  # typed optional by the SDK; Boardwalk always sends it
+        if counts is not None:
+            print(f"{batch.status}: {counts.completed}/{counts.total}")
     print("batch", batch.id, batch.status, "request id of the last answer:", batch._request_id)
     seen: set[str] = set()
     for kind, file_id in (("results", batch.output_file_id), ("errors", batch.error_file_id)):

@@ -23,7 +23,9 @@ from django.db import connection
 
 from batches.models import Batch, BatchItem
 from boardwalk.worker_runtime import WorkerRuntime
+from inference import runtime
 from inference.engine.chat import render_prompt
+from inference.engine.process import EngineProcess
 from inference.models import ModelRevision
 from inference.runtime import engine_lock, tokenizer_for
 from tests.batches.conftest import rows, submit
@@ -91,6 +93,27 @@ def test_embedded_end_to_end(api: Api, catalog_model, in_process_worker: WorkerR
     assert payload["usage"]["input_tokens"] == sum(
         r["response"]["body"]["usage"]["prompt_tokens"] for r in output
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_embedded_end_to_end_with_the_engine_in_its_own_process(
+    api: Api, catalog_model, in_process_worker: WorkerRuntime, settings
+):
+    """The default outside tests: the worker feeds an engine process over pipes."""
+    settings.ENGINE_PROCESS = True
+    inputs = rows(6)
+    try:
+        data = submit(api, inputs)
+        payload = wait_terminal(api, data["id"])
+        engine = runtime._engines.get(catalog_model.revision_id)
+        assert isinstance(engine, EngineProcess) and engine.pid != os.getpid()
+    finally:
+        runtime.engine_drop(catalog_model.revision_id)  # stops the child
+    assert payload["status"] == "completed"
+    output = check_results(api, payload, inputs)
+    assert len(output) == 6
+    assert int(payload["charge_microusd"]) > 0
+    assert engine.broken is False and not engine._process.is_alive()
 
 
 @pytest.mark.django_db(transaction=True)

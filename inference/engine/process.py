@@ -1,0 +1,281 @@
+"""The engine in a process of its own, fed over pipes (one per worker process and revision).
+
+Why: the worker's prepare and record stages are Python (claims, decryption, JSON, chat
+templates, the record transactions), and so is most of a transformers forward. In one process
+they share one interpreter lock, so every millisecond of prepare or record is a millisecond
+the engine does not step: on a small model the engine ran 20-30 % slower inside the worker
+than alone. In its own process the engine thread only ever waits for the pipe.
+
+`EngineProcess` has what the pipeline uses of an `Engine` (`generate`, `tokenizer`,
+`max_batch_size`, `media_modalities`, `clear_prefix_cache`) and contains failures itself
+(`contains_failures`): a request that makes the engine raise is isolated in the child
+(containment.py) and comes back as its `internal_error` result; `broken` says the engine as
+a whole failed, or the child died (killed, out of host memory), and the process is unusable.
+
+Protocol, one run at a time. Parent to child: ("run",), then ("request", GenerationRequest)
+and ("abort", ids) in any order, ("end",) when there are no more requests (aborts may still
+follow), and ("over",) once the child said it is done. Child to parent: ("result",
+GenerationResult) for each request, then ("done", broken). At most `credit` requests are in
+the child without a result, so the child holds a short queue of ready requests (the engine
+never waits on the pipe while the worker keeps up) and the rest wait, claimed, in the worker.
+
+Nothing here imports Django; the child imports torch and transformers, the parent does not
+need them for this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
+from typing import Any
+
+from .types import GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_SECONDS = 900.0  # loading a large model from a slow disk
+_POLL_SECONDS = 0.5  # how often a run checks the abort set and that the child lives
+_END = ("end",)
+_OVER = ("over",)
+
+
+class EngineProcessError(Exception):
+    """The engine process could not start (its model failed to load) or died."""
+
+
+class EngineProcess:
+    contains_failures = True
+
+    def __init__(
+        self,
+        *,
+        load: dict[str, Any],
+        engine_options: dict[str, Any],
+        tokenizer: Any,
+        with_processor: bool = False,
+        credit: int | None = None,
+    ) -> None:
+        """`load`: keyword arguments of `load_model`; `engine_options`: of `Engine` (besides
+        the model, tokenizer and processor); `tokenizer`: the parent's own copy of the
+        revision's tokenizer (prepare renders and tokenizes prompts with it)."""
+        context = multiprocessing.get_context("spawn")  # never fork a threaded worker
+        inbox, self._to_child = context.Pipe(duplex=False)
+        self._from_child, outbox = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_child_main,
+            args=(inbox, outbox, load, engine_options, with_processor),
+            name="boardwalk-engine",
+            daemon=True,
+        )
+        self._process.start()
+        inbox.close()
+        outbox.close()
+        self._send_lock = threading.Lock()
+        self.tokenizer = tokenizer
+        self.broken = False
+        kind, info = self._receive(_START_TIMEOUT_SECONDS)
+        if kind != "ready":
+            self.close()
+            raise EngineProcessError(str(info))
+        self.max_batch_size: int = info["max_batch_size"]
+        self.media_modalities = frozenset(info["media_modalities"])
+        self.credit = credit or 2 * self.max_batch_size
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def generate(
+        self,
+        requests: Iterable[GenerationRequest],
+        *,
+        aborted: Callable[[], Collection[str]] | None = None,
+    ) -> Iterator[GenerationResult]:
+        """Results as the child yields them (in completion order). Sets `broken` and returns
+        early when the engine broke or the child died; unanswered requests are the caller's
+        to hand back."""
+        if self.broken:
+            raise EngineProcessError("the engine process is broken")
+        credit = threading.BoundedSemaphore(self.credit)
+        stop = threading.Event()
+        clean = False
+        feeder = threading.Thread(
+            target=self._feed, args=(requests, credit, stop), name="engine-feed", daemon=True
+        )
+        sent_abort: frozenset[str] = frozenset()
+        try:
+            self._send(("run",))
+            feeder.start()
+            while True:
+                if aborted is not None:
+                    ids = frozenset(aborted())
+                    if ids != sent_abort:
+                        self._send(("abort", sorted(ids)))
+                        sent_abort = ids
+                kind, payload = self._receive(_POLL_SECONDS, idle_ok=True)
+                if kind == "result":
+                    credit.release()
+                    yield payload
+                elif kind == "done":
+                    self.broken = bool(payload)
+                    self._send(_OVER)
+                    clean = True
+                    return
+        except EngineProcessError as exc:
+            logger.error("engine process %s died: %s", self.pid, exc)
+        finally:
+            stop.set()
+            if not clean:  # died, or the caller stopped mid-run: the child's state is unknown
+                self.broken = True
+                self.close()
+            if feeder.is_alive():
+                feeder.join(timeout=_POLL_SECONDS * 2)
+
+    def _feed(
+        self,
+        requests: Iterable[GenerationRequest],
+        credit: threading.BoundedSemaphore,
+        stop: threading.Event,
+    ) -> None:
+        try:
+            for request in requests:
+                while not credit.acquire(timeout=_POLL_SECONDS):
+                    if stop.is_set():
+                        return
+                if stop.is_set():
+                    return
+                self._send(("request", request))
+        except EngineProcessError:
+            return
+        finally:
+            with contextlib.suppress(EngineProcessError):
+                self._send(_END)
+
+    def clear_prefix_cache(self) -> None:
+        self._send(("clear_prefix_cache",))
+        self._receive(_START_TIMEOUT_SECONDS)
+
+    def close(self) -> None:
+        """Stop the child: asked first, then terminated."""
+        with contextlib.suppress(EngineProcessError):
+            self._send(("close",))
+        self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._to_child.close()
+        self._from_child.close()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            try:
+                self._to_child.send(message)
+            except (OSError, ValueError) as exc:  # the child's end is gone, or closed here
+                raise EngineProcessError(type(exc).__name__) from exc
+
+    def _receive(self, timeout: float, *, idle_ok: bool = False) -> tuple[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self._from_child.poll(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
+                    return self._from_child.recv()
+            except (EOFError, OSError, ValueError) as exc:  # the child's end is gone
+                raise EngineProcessError(f"exit code {self._process.exitcode}") from exc
+            if not self._process.is_alive():
+                raise EngineProcessError(f"exit code {self._process.exitcode}")
+            if time.monotonic() >= deadline:
+                if idle_ok:
+                    return ("idle", None)
+                raise EngineProcessError(f"no answer in {timeout:.0f} s")
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+def _child_main(
+    inbox: Any,
+    outbox: Any,
+    load: dict[str, Any],
+    engine_options: dict[str, Any],
+    with_processor: bool,
+) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        from .engine import Engine
+        from .loading import load_model, load_processor
+
+        model, tokenizer = load_model(**load)
+        processor = (
+            load_processor(load["weights"], revision=load.get("revision"))
+            if with_processor
+            else None
+        )
+        engine = Engine(model, tokenizer, processor=processor, **engine_options)
+    except Exception as exc:
+        outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    outbox.send(
+        (
+            "ready",
+            {
+                "max_batch_size": engine.max_batch_size,
+                "media_modalities": sorted(engine.media_modalities),
+            },
+        )
+    )
+    while True:
+        try:
+            message = inbox.recv()
+        except (EOFError, OSError):
+            return  # the worker is gone
+        if message[0] == "run":
+            _child_run(engine, inbox, outbox)
+        elif message[0] == "clear_prefix_cache":
+            engine.clear_prefix_cache()
+            outbox.send(("ok", None))
+        elif message[0] == "close":
+            return
+        # Anything else is the tail of a run that broke (a request or an end the parent's
+        # feeder sent after "over"): ignored.
+
+
+def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
+    from .containment import Contained
+
+    ready: queue.Queue[Any] = queue.Queue()
+    aborted: frozenset[str] = frozenset()
+
+    def receive() -> None:
+        nonlocal aborted
+        while True:
+            try:
+                message = inbox.recv()
+            except (EOFError, OSError):
+                ready.put(_END)
+                return
+            if message[0] == "request":
+                ready.put(message[1])
+            elif message[0] == "abort":
+                aborted = frozenset(message[1])
+            elif message[0] == "end":
+                ready.put(_END)
+            else:  # ("over",)
+                return
+
+    receiver = threading.Thread(target=receive, name="engine-inbox", daemon=True)
+    receiver.start()
+
+    def source() -> Iterator[GenerationRequest]:
+        while (request := ready.get()) is not _END:
+            yield request
+
+    contained = Contained(engine)
+    for result in contained.generate(source(), lambda: aborted):
+        outbox.send(("result", result))
+    outbox.send(("done", contained.broken))
+    receiver.join()  # until the parent's ("over",): the next message is a command again

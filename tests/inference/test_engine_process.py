@@ -1,0 +1,133 @@
+"""The engine in its own process (inference/engine/process.py), on the real tiny model: the
+same results as in the worker's process, failures contained there, a dead child reported."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from inference.engine import Engine, GenerationRequest, SamplingParams, load_model, render_prompt
+from inference.engine.process import EngineProcess, EngineProcessError
+
+pytestmark = pytest.mark.model
+
+OPTIONS = {"context_length": 2048, "max_batch_size": 4}
+
+
+def greedy(tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path):
+    return load_model(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def process(tiny_model_dir: Path, loaded):
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir)}, engine_options=OPTIONS, tokenizer=loaded[1]
+    )
+    yield engine
+    engine.close()
+
+
+def requests(tokenizer, count: int, tokens: int = 12) -> list[GenerationRequest]:
+    texts = ["Hi.", "Tell me about the sea. " * 4, "Why?", "A longer question, " * 7]
+    return [
+        GenerationRequest(
+            str(i),
+            render_prompt(tokenizer, [{"role": "user", "content": texts[i % 4]}]),
+            greedy(tokens),
+        )
+        for i in range(count)
+    ]
+
+
+def test_results_equal_the_engine_in_this_process(process, loaded) -> None:
+    model, tokenizer = loaded
+    batch = requests(tokenizer, 9)  # more than the 4 rows: the child pulls as rows free up
+    here = {r.id: r for r in Engine(model, tokenizer, **OPTIONS).generate(batch)}
+
+    there = {r.id: r for r in process.generate(iter(batch))}
+
+    assert process.max_batch_size == 4 and process.media_modalities == frozenset()
+    assert set(there) == set(here)
+    for rid, result in here.items():
+        assert there[rid].choices[0].token_ids == result.choices[0].token_ids
+        assert there[rid].choices[0].text == result.choices[0].text
+        assert (there[rid].prompt_tokens, there[rid].completion_tokens) == (
+            result.prompt_tokens,
+            result.completion_tokens,
+        )
+        assert there[rid].busy_seconds > 0
+    assert not process.broken
+
+
+def test_a_request_that_fails_in_the_child_ends_alone_and_the_process_serves_on(
+    process, loaded
+) -> None:
+    _, tokenizer = loaded
+    batch = requests(tokenizer, 3)
+    # A token id past the vocabulary: the model's embedding raises for this row only.
+    batch[1].prompt_ids = [*batch[1].prompt_ids[:-1], 10**6]
+
+    results = {r.id: r for r in process.generate(iter(batch))}
+
+    assert results["1"].error == "internal_error" and results["1"].choices == []
+    assert [results[i].completion_tokens for i in ("0", "2")] == [12, 12]
+    assert not process.broken
+    again = {r.id: r for r in process.generate(iter(requests(tokenizer, 2)))}
+    assert sorted(again) == ["0", "1"] and not process.broken
+
+
+def test_aborted_requests_come_back_aborted(process, loaded) -> None:
+    _, tokenizer = loaded
+    batch = requests(tokenizer, 6, tokens=1500)  # 4 rows running, 2 waiting: seconds of work
+    began = time.monotonic()
+
+    def aborted() -> set[str]:  # a cancel lands 0.3 s into the run
+        return {r.id for r in batch} if time.monotonic() - began > 0.3 else set()
+
+    results = list(process.generate(iter(batch), aborted=aborted))
+
+    assert sorted(r.id for r in results) == [r.id for r in batch]
+    assert all(r.aborted for r in results)
+    assert not process.broken
+
+
+def test_the_child_dying_mid_run_ends_the_run_as_broken(tiny_model_dir: Path, loaded) -> None:
+    _, tokenizer = loaded
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir)}, engine_options=OPTIONS, tokenizer=tokenizer
+    )
+    pid = engine.pid
+    assert pid is not None
+
+    def source():
+        yield from requests(tokenizer, 4, tokens=1500)
+        os.kill(pid, signal.SIGKILL)  # the child is generating: kill -9 it (OOM killer)
+        yield from requests(tokenizer, 1)
+
+    began = time.monotonic()
+    results = list(engine.generate(source()))
+
+    assert results == []  # none of them could finish 1,500 tokens before the kill
+    assert engine.broken
+    assert time.monotonic() - began < 30  # seen dead within a poll, not waited on
+    with pytest.raises(EngineProcessError):
+        list(engine.generate(iter(requests(tokenizer, 1))))
+    engine.close()
+
+
+def test_weights_that_cannot_load_fail_the_start_with_the_loader_message(
+    tmp_path: Path, loaded
+) -> None:
+    with pytest.raises(EngineProcessError, match="ModelLoadError"):
+        EngineProcess(
+            load={"weights": str(tmp_path / "missing")}, engine_options=OPTIONS, tokenizer=loaded[1]
+        )
