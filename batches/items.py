@@ -197,6 +197,34 @@ _FENCED_WRITE = (
 _fenced_sql: dict[str, str] = {}
 
 
+def items_insert(items: list[BatchItem]) -> None:
+    """Insert a new batch's items: one prepared INSERT run for every row (executemany).
+
+    `bulk_create` compiled every value of every row into the statement (~0.3 ms of Python
+    per 30-column row, the larger part of a 256-line batch's acceptance); here each value
+    only goes through its field's preparation. The items' own ids stay unset.
+    """
+    fields = [f for f in BatchItem._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    # Only the model's own quoted table and column names are formatted in.
+    sql = f"INSERT INTO {quote(BatchItem._meta.db_table)} ({columns}) VALUES ({marks})"  # noqa: S608
+    rows = [[f.get_db_prep_save(getattr(i, f.attname), connection) for f in fields] for i in items]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def items_set_charges(charges: dict[int, int]) -> None:
+    """Each published item's charge (finalization), as one statement run per row; the
+    ORM's `bulk_update` built a CASE over every row (~90 ms of Python for 256 rows)."""
+    quote = connection.ops.quote_name
+    table, charge = quote(BatchItem._meta.db_table), quote("charge_microusd")
+    sql = f"UPDATE {table} SET {charge} = %s WHERE {quote('id')} = %s"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [(amount, pk) for pk, amount in charges.items()])
+
+
 def _fenced_write_sql() -> str:
     """The fenced write of one finished row, as SQL built once per database vendor.
 

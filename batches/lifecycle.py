@@ -16,7 +16,12 @@ import orjson
 from django.db import transaction
 from django.db.models import Q
 
-from batches.items import batch_has_open_items, batch_live_leases, batch_revoke_leases
+from batches.items import (
+    batch_has_open_items,
+    batch_live_leases,
+    batch_revoke_leases,
+    items_set_charges,
+)
 from batches.models import Batch, BatchItem
 from batches.retention import item_results_drop
 from billing.metering import gpu_microseconds_by_item
@@ -224,8 +229,7 @@ def _publish(batch: Batch) -> Batch:
             **{f"{terminal}_at": now},
         )
         if moved:
-            charged = [BatchItem(id=item_id, charge_microusd=c) for item_id, c in charges.items()]
-            BatchItem.objects.bulk_update(charged, ["charge_microusd"], batch_size=500)
+            items_set_charges(charges)
             BatchItem.objects.filter(id__in=published).update(published=True)
             credit_settle(
                 org_id=batch.org_id,

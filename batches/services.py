@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 
 from batches import idempotency
 from batches.batchrouter import assignment_check_target
+from batches.items import items_insert
 from batches.models import Batch, BatchItem
 from batches.requests import BatchSubmission
 from batches.tasks import engine_wake, finalize
@@ -279,7 +280,7 @@ def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmiss
         **fields,
     )
     deployment_id = target.deployment.id if target.deployment else ""
-    BatchItem.objects.bulk_create(
+    items_insert(
         [
             BatchItem(
                 batch=batch,
@@ -298,8 +299,7 @@ def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmiss
                 deadline=batch.expires_at,
             )
             for i in plan.items
-        ],
-        batch_size=500,
+        ]
     )
     credit_hold(org_id=org.id, batch_id=batch.id, amount_microusd=plan.hold_microusd)
     # Accepted input is kept until the batch ends, and 48 hours after acceptance at most.

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 RECORD_WINDOW_SECONDS = 0.1  # a record group gathers results for this long at most
 STOPPING_POLL_SECONDS = 1.0
 _END = object()
+_FLUSH = object()  # to the record stage: write what you gathered without waiting
 
 _serving: set[EngineKey] = set()
 _serving_lock = threading.Lock()
@@ -298,11 +299,15 @@ class _Run:
                 finished = self._finished(result)
                 if finished is not None:
                     results.put(finished)
+                    if not self.held_ids():  # nothing else to wait for: write it now
+                        results.put(_FLUSH)
         finally:
             over.set()
             while preparer.is_alive():  # unblock a prepare stage waiting for room
                 with contextlib.suppress(queue.Empty):
-                    ahead.get(timeout=0.1)
+                    while True:
+                        ahead.get_nowait()
+                preparer.join(timeout=0.01)  # (a blocking get here waited out its timeout)
             with contextlib.suppress(queue.Full):  # and an engine process's feeder
                 ahead.put_nowait(_END)
             results.put(_END)
@@ -370,6 +375,8 @@ class _Run:
                 first = results.get()
                 if first is _END:
                     break
+                if first is _FLUSH:
+                    continue
                 group = [first]
                 until = time.monotonic() + RECORD_WINDOW_SECONDS
                 while len(group) < limit:
@@ -379,6 +386,8 @@ class _Run:
                         break
                     if more is _END:
                         ending = True
+                        break
+                    if more is _FLUSH:
                         break
                     group.append(more)
                 self._write_retrying(group)
