@@ -17,11 +17,14 @@ from boardwalk.errors import ServiceUnavailable
 from files.crypto import CryptoError
 from files.models import File
 from files.services import file_iter_bodies, line_index_span
-from inference.chat_completions import prompt_ids
+from inference.chat_completions import prompt_token_counts
 from inference.selectors import ModelNotUsable, model_resolve
 from inference.tokenization import chat_tokenizer_for
 
 logger = logging.getLogger(__name__)
+
+COUNT_CHUNK_LINES = 64
+COUNT_CHUNK_BYTES = 4 << 20
 
 
 def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str, Any], int]]:
@@ -29,12 +32,22 @@ def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str
 
     The one loop that counts a file, for acceptance and the background count alike, so the two
     always agree. One sequential decrypting pass (sectioned files: section prefix + request,
-    SPEC §4.2); memory holds one line. Raises what the reader raises for a file deleted or
-    unreadable meanwhile (KeyDestroyed, ServiceUnavailable).
+    SPEC §4.2); memory holds one chunk of lines (COUNT_CHUNK_*). Raises what the reader raises
+    for a file deleted or unreadable meanwhile (KeyDestroyed, ServiceUnavailable).
     """
     spans = [line_index_span(row) for row in file.line_index or []]
-    for body in file_iter_bodies(file=file, spans=spans):
-        yield body, len(prompt_ids(tokenizer, body))
+    # Counted in chunks (one batched encode each); a chunk holds at most this much of the
+    # file's lines, or one line.
+    chunk: list[dict[str, Any]] = []
+    size = 0
+    for span, body in zip(spans, file_iter_bodies(file=file, spans=spans), strict=True):
+        chunk.append(body)
+        size += span[1]
+        if len(chunk) >= COUNT_CHUNK_LINES or size >= COUNT_CHUNK_BYTES:
+            yield from zip(chunk, prompt_token_counts(tokenizer, chunk), strict=True)
+            chunk, size = [], 0
+    if chunk:
+        yield from zip(chunk, prompt_token_counts(tokenizer, chunk), strict=True)
 
 
 def file_count_prompt_tokens(*, file_id: str) -> bool:

@@ -35,7 +35,12 @@ def render_prompt(
     templates written for plain-string content work too. The arguments of earlier tool calls
     are handed to the template as objects (the transformers convention), when they parse.
     """
-    return _render(tokenizer, [_message(message, None) for message in messages], tools)
+    return _render(tokenizer, [text_message(message) for message in messages], tools)
+
+
+def text_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the chat template sees it on a text-only revision (render_prompt)."""
+    return _message(message, None)
 
 
 def media_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -155,12 +155,12 @@ def test_revision_change_after_upload_recounts_and_holds_for_the_new_revision(
 def test_a_counter_that_fails_leaves_counting_to_acceptance(
     api: Api, catalog_model, monkeypatch: pytest.MonkeyPatch, store_reads: list[str]
 ) -> None:
-    def broken(tokenizer: Any, body: dict[str, Any]) -> list[int]:
+    def broken(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[int]:
         raise RuntimeError("template failed")
 
     file = _upload(api, _rows(), count=False)
     with monkeypatch.context() as patched:
-        patched.setattr("files.counting.prompt_ids", broken)
+        patched.setattr("files.counting.prompt_token_counts", broken)
         assert file_count_prompt_tokens(file_id=file.id) is False
     file.refresh_from_db()
     assert file.prompt_tokens is None and file.prompt_tokens_revision == ""

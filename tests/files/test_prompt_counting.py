@@ -35,13 +35,13 @@ def tokenized(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     import files.counting
 
     bodies: list[dict[str, Any]] = []
-    real = files.counting.prompt_ids
+    real = files.counting.prompt_token_counts
 
-    def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
-        bodies.append(body)
-        return real(tokenizer, body)
+    def prompt_token_counts(tokenizer: Any, chunk: list[dict[str, Any]]) -> list[int]:
+        bodies.extend(chunk)
+        return real(tokenizer, chunk)
 
-    monkeypatch.setattr(files.counting, "prompt_ids", prompt_ids)
+    monkeypatch.setattr(files.counting, "prompt_token_counts", prompt_token_counts)
     return bodies
 
 
@@ -125,10 +125,10 @@ def test_a_counter_that_fails_stores_nothing_and_logs_no_content(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken(tokenizer: Any, body: dict[str, Any]) -> list[int]:
-        raise RuntimeError(f"template failed on {body['messages'][0]['content']}")
+    def broken(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[int]:
+        raise RuntimeError(f"template failed on {bodies[0]['messages'][0]['content']}")
 
-    monkeypatch.setattr("files.counting.prompt_ids", broken)
+    monkeypatch.setattr("files.counting.prompt_token_counts", broken)
     file = _upload(api, SECRET)
     with caplog.at_level(logging.INFO, logger="files.counting"):
         assert file_count_prompt_tokens(file_id=file.id) is False
@@ -157,3 +157,27 @@ def test_the_in_process_worker_counts_an_upload(api: Api, catalog_model: Any) ->
     file.refresh_from_db()
     assert file.prompt_tokens_revision == catalog_model.revision_id
     assert file.prompt_tokens is not None and len(file.prompt_tokens) == 2
+
+
+def test_chunked_counting_equals_counting_line_by_line(
+    api: Api, catalog_model: Any, sent: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines are counted in batched chunks; chunk edges change nothing."""
+    import files.counting
+    from inference.chat_completions import prompt_ids
+    from inference.tokenization import chat_tokenizer_for
+
+    contents = [f"Line {i}: " + "why " * i for i in range(7)]
+    file = _upload(api, *contents)
+    tokenizer = chat_tokenizer_for(catalog_model.revision)
+    one_by_one = [
+        len(prompt_ids(tokenizer, body))
+        for body, _ in files.counting.file_prompt_tokens(file=file, tokenizer=tokenizer)
+    ]
+    monkeypatch.setattr(files.counting, "COUNT_CHUNK_LINES", 3)  # chunks of 3, 3 and 1
+
+    chunked = list(files.counting.file_prompt_tokens(file=file, tokenizer=tokenizer))
+
+    assert [count for _, count in chunked] == one_by_one
+    assert [body["messages"][0]["content"] for body, _ in chunked] == contents
+    assert len(set(one_by_one)) == 7  # the lines really differ
