@@ -111,13 +111,16 @@ class WorkerRuntime:
             self.broker,
             queues=QUEUES,
             worker_threads=threads or settings.WORKER_THREADS,
-            worker_timeout=1000,
+            worker_timeout=settings.WORKER_POLL_MS,
         )
         # Take one message per thread at a time: a wake-up buffered by a worker busy serving
         # would wait there while another worker sits idle (scale-out relies on it).
         self.worker.queue_prefetch = self.worker.worker_threads
         self.counter = dramatiq.Worker(
-            self.broker, queues=COUNT_QUEUES, worker_threads=1, worker_timeout=1000
+            self.broker,
+            queues=COUNT_QUEUES,
+            worker_threads=1,
+            worker_timeout=settings.WORKER_POLL_MS,
         )
         self.counter.queue_prefetch = 1
         self.sweeper = Sweeper(sweep_interval or settings.SWEEP_INTERVAL_SECONDS)

@@ -69,10 +69,10 @@ def serve_key(
     claims new items as it goes. `max_items` stops claiming after that many (tests).
     `on_more_work` is called after every claim that filled a whole group: more work is
     waiting, so the caller can wake another worker. One wake-up per full group, not one per
-    run: idle workers poll the broker about once a second, so a chain of single wake-ups
-    (each woken worker waking the next) took a second per worker to spread a large batch,
-    while several pending at once reach every idle worker in one poll. A wake-up that finds
-    nothing left to claim costs one claim query.
+    run: idle workers poll the broker only so often (BOARDWALK_WORKER_POLL_MS), so a chain
+    of single wake-ups (each woken worker waking the next) took a poll per worker to spread
+    a large batch, while several pending at once reach every idle worker in one poll. A
+    wake-up that finds nothing left to claim costs one existence query.
     """
     with _serving_lock:
         if key in _serving:

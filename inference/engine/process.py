@@ -249,6 +249,8 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
 
     ready: queue.Queue[Any] = queue.Queue()
     aborted: frozenset[str] = frozenset()
+    received: set[str] = set()
+    orphaned = threading.Event()  # the worker is gone: stop everything, answer nobody
 
     def receive() -> None:
         nonlocal aborted
@@ -256,9 +258,11 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
             try:
                 message = inbox.recv()
             except (EOFError, OSError):
+                orphaned.set()
                 ready.put(_END)
                 return
             if message[0] == "request":
+                received.add(message[1].id)
                 ready.put(message[1])
             elif message[0] == "abort":
                 aborted = frozenset(message[1])
@@ -274,8 +278,20 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
         while (request := ready.get()) is not _END:
             yield request
 
+    def stopped() -> Collection[str]:
+        # An orphan aborts what it holds (within the engine's abort poll, 0.5 s of work)
+        # instead of computing results nobody can receive on a device a new worker needs.
+        return set(received) if orphaned.is_set() else aborted
+
     contained = Contained(engine)
-    for result in contained.generate(source(), lambda: aborted):
-        outbox.send(("result", result))
+    for result in contained.generate(source(), stopped):
+        if orphaned.is_set():
+            continue
+        try:
+            outbox.send(("result", result))
+        except OSError:  # the worker's end is closed
+            orphaned.set()
+    if orphaned.is_set():
+        raise SystemExit(0)
     outbox.send(("done", contained.broken))
     receiver.join()  # until the parent's ("over",): the next message is a command again

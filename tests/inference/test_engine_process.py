@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -131,3 +132,28 @@ def test_weights_that_cannot_load_fail_the_start_with_the_loader_message(
         EngineProcess(
             load={"weights": str(tmp_path / "missing")}, engine_options=OPTIONS, tokenizer=loaded[1]
         )
+
+
+def test_an_orphaned_engine_process_drops_its_work_and_exits(tiny_model_dir: Path, loaded) -> None:
+    """The worker dies mid-run (its end of the pipe closes): the child aborts what it holds
+    instead of computing results for nobody on a device the next worker needs."""
+    _, tokenizer = loaded
+    long = {**OPTIONS, "context_length": 16_384}
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir)}, engine_options=long, tokenizer=tokenizer
+    )
+    closed = threading.Event()
+
+    def source():
+        # 8 requests reach the child (its credit): ~100k tokens, a minute of this model.
+        yield from requests(tokenizer, 8, tokens=12_000)
+        time.sleep(0.3)  # the child is generating
+        engine._to_child.close()  # what the worker's death does to the pipe
+        closed.set()
+
+    results = list(engine.generate(source()))
+    assert closed.wait(5)
+    engine._process.join(timeout=15)  # far less than the work it held
+
+    assert engine._process.exitcode == 0  # it left on its own, not killed
+    assert results == [] and engine.broken
