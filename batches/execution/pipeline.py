@@ -170,6 +170,10 @@ class _Run:
         with self._lock:
             return [item.id for item in self._held.values()]
 
+    def _holding(self) -> bool:
+        with self._lock:
+            return bool(self._held)
+
     def held_batches(self) -> set[str]:
         with self._lock:
             return {item.batch_id for item in self._held.values()}
@@ -235,9 +239,8 @@ class _Run:
     ) -> Iterator[GenerationResult]:
         """The engine's results; a request that makes it raise is isolated (see module doc):
         in the engine process itself (`EngineProcess`), or here around an in-process one."""
-        runner = self.engine if getattr(self.engine, "contains_failures", False) else None
-        if runner is None:
-            runner = Contained(self.engine)
+        contained = getattr(self.engine, "contains_failures", False)
+        runner = self.engine if contained else Contained(self.engine)
         try:
             yield from runner.generate(source, aborted=aborted)
         finally:
@@ -299,7 +302,7 @@ class _Run:
                 finished = self._finished(result)
                 if finished is not None:
                     results.put(finished)
-                    if not self.held_ids():  # nothing else to wait for: write it now
+                    if not self._holding():  # nothing else to wait for: write it now
                         results.put(_FLUSH)
         finally:
             over.set()
