@@ -281,25 +281,27 @@ def _create_rows(*, org: Organization, plan: BatchPlan, submission: BatchSubmiss
     )
     deployment_id = target.deployment.id if target.deployment else ""
     items_insert(
-        [
-            BatchItem(
-                batch=batch,
-                index=i.index,
-                custom_id=i.custom_id,
-                line_offset=i.span[0],
-                line_length=i.span[1],
-                section_offset=i.span[2],
-                section_length=i.span[3],
-                max_tokens=i.max_tokens,
-                n=i.n,
-                prompt_tokens=i.prompt_tokens,
-                revision_id_key=target.revision.id,
-                deployment_id_key=deployment_id,
-                org_id_key=org.id,
-                deadline=batch.expires_at,
-            )
+        shared={
+            "batch_id": batch.id,
+            "revision_id_key": target.revision.id,
+            "deployment_id_key": deployment_id,
+            "org_id_key": org.id,
+            "deadline": batch.expires_at,
+        },
+        rows=[
+            {
+                "index": i.index,
+                "custom_id": i.custom_id,
+                "line_offset": i.span[0],
+                "line_length": i.span[1],
+                "section_offset": i.span[2],
+                "section_length": i.span[3],
+                "max_tokens": i.max_tokens,
+                "n": i.n,
+                "prompt_tokens": i.prompt_tokens,
+            }
             for i in plan.items
-        ]
+        ],
     )
     credit_hold(org_id=org.id, batch_id=batch.id, amount_microusd=plan.hold_microusd)
     # Accepted input is kept until the batch ends, and 48 hours after acceptance at most.

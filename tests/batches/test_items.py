@@ -54,3 +54,25 @@ def test_claims_follow_earliest_deadline_first(api: Api, catalog_model):
     key = EngineKey(Batch.objects.get(id=late["id"]).revision_id)
     first = items_claim(key=key, worker_id="w", limit=2)
     assert {item.batch_id for item in first} == {early["id"]}
+
+
+@pytest.mark.django_db
+def test_accepted_items_carry_their_own_values_shared_ones_and_defaults(api: Api, catalog_model):
+    """items_insert writes each row's own values, the batch's shared ones, the plain defaults,
+    and calls a callable default (the ids) once per row."""
+    created = submit(api, rows(5))
+    batch = Batch.objects.get(id=created["id"])
+    items = list(BatchItem.objects.filter(batch=batch).order_by("index"))
+    assert [i.index for i in items] == list(range(5))
+    assert [i.custom_id for i in items] == [f"task-{i}" for i in range(5)]
+    offsets = [i.line_offset for i in items]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 5
+    assert all(i.line_length > 0 and i.prompt_tokens > 0 for i in items)
+    assert {i.section_offset for i in items} == {None}
+    assert {(i.revision_id_key, i.org_id_key, i.deadline) for i in items} == {
+        (batch.revision_id, batch.org_id, batch.expires_at)
+    }
+    assert {(i.state, i.attempts, i.lease_token, i.published) for i in items} == {
+        (BatchItem.State.PENDING, 0, 0, False)
+    }
+    assert len({i.request_id for i in items}) == 5 and len({i.row_id for i in items}) == 5
