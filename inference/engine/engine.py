@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .allocator import keep_freed_memory
 from .kv import BlockPool, PagedCache, block_digest
 from .media import MediaEncoder
 from .sampling import RowSampling, row_sampling, sample
@@ -140,6 +141,7 @@ class Engine:
             raise ValueError(
                 "models with a sliding window shorter than the context are not supported"
             )
+        keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
