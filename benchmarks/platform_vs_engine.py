@@ -275,6 +275,14 @@ def main() -> None:
     )
     print(f"platform / engine: {p / a:.2f}x")
     print(f"platform / static batches: {p / statistics.median(static):.2f}x")
+    # The machine's speed drifts between rounds (±10 % on a shared 2-core VM); each round runs
+    # the three side by side, so the median of each round's own ratio cancels that drift.
+    by_round = [x / y for x, y in zip(through, alone, strict=True)]
+    by_static = [x / y for x, y in zip(through, static, strict=True)]
+    print(
+        f"median of each round's ratio: platform / engine {statistics.median(by_round):.2f}x, "
+        f"platform / static batches {statistics.median(by_static):.2f}x"
+    )
 
 
 def _static_batches(model: Any, tokenizer: Any, requests: list[Any], width: int) -> int:
