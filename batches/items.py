@@ -230,12 +230,14 @@ def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
             continue
         fixed = shared[f.attname] if f.attname in shared else f.get_default()
         constant[f.attname] = f.get_db_prep_save(fixed, connection)
+    # Per field, decided once: (field, a row's own value?, plain when an int or a str?)
+    kinds = [(f, f.attname in own, f.get_internal_type() in _PLAIN_FIELDS) for f in fields]
 
-    def value(f: Any, row: dict[str, Any]) -> Any:
+    def value(f: Any, from_row: bool, plain: bool, row: dict[str, Any]) -> Any:
         if f.attname in constant:
             return constant[f.attname]
-        raw = row[f.attname] if f.attname in own else f.get_default()
-        if type(raw) in (int, str) and f.get_internal_type() in _PLAIN_FIELDS:
+        raw = row[f.attname] if from_row else f.get_default()
+        if plain and type(raw) in (int, str):
             return raw
         return f.get_db_prep_save(raw, connection)
 
@@ -245,7 +247,7 @@ def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     # Only the model's own quoted table and column names are formatted in.
     sql = f"INSERT INTO {quote(BatchItem._meta.db_table)} ({columns}) VALUES ({marks})"  # noqa: S608
     with connection.cursor() as cursor:
-        cursor.executemany(sql, [[value(f, row) for f in fields] for row in rows])
+        cursor.executemany(sql, [[value(*kind, row) for kind in kinds] for row in rows])
 
 
 def items_set_charges(charges: dict[int, int]) -> None:
