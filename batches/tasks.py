@@ -25,6 +25,7 @@ ENGINE_TIME_LIMIT_MS = 20 * 60 * 1000
 # Lower numbers run first among messages a worker holds: a finished batch's finalization
 # does not wait behind the wake-ups its own run sent (one per full claim group).
 ENGINE_WAKE_PRIORITY = 10
+FINALIZE_RETRY_MS = 2_000  # a batch not ready yet (its stopping workers still let go)
 
 
 @dramatiq.actor(
@@ -37,25 +38,34 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     # Imported here on purpose: the web process declares this actor only to send it, and must
     # never load the engine (torch); only worker processes run it.
     from batches.execution import serve_key
+    from batches.execution.finalizer import Finalizer
 
     key = EngineKey(revision_id, deployment_id)
-    sent: set[str] = set()
-
-    def batch_done(batch_id: str) -> None:  # finalize as soon as known, not at the end
-        sent.add(batch_id)
-        finalize.send(batch_id)
-
-    done = serve_key(
-        key,
-        budget_seconds=ENGINE_BUDGET_SECONDS,
-        threaded=True,
-        on_batch_done=batch_done,
-        on_more_work=lambda: _wake_another(revision_id, deployment_id),
-    )
-    for batch_id in sorted(done - sent):
-        finalize.send(batch_id)
+    # Each batch is finalized here as soon as its last result is recorded, not after a trip
+    # through the broker (batches.execution.finalizer); only what cannot finish here is sent.
+    finalizer = Finalizer(not_ready=_finalize_later, failed=_finalize_now)
+    try:
+        done = serve_key(
+            key,
+            budget_seconds=ENGINE_BUDGET_SECONDS,
+            threaded=True,
+            on_batch_done=finalizer.submit,
+            on_more_work=lambda: _wake_another(revision_id, deployment_id),
+        )
+        for batch_id in sorted(done):
+            finalizer.submit(batch_id)
+    finally:
+        finalizer.close()
     if key in keys_with_claimable_items():
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
+
+
+def _finalize_now(batch_id: str) -> None:
+    finalize.send(batch_id)
+
+
+def _finalize_later(batch_id: str) -> None:
+    finalize.send_with_options(args=(batch_id,), delay=FINALIZE_RETRY_MS)
 
 
 def _wake_another(revision_id: str, deployment_id: str) -> None:
@@ -67,7 +77,7 @@ def finalize(batch_id: str) -> None:
     try:
         batch_finalize(batch_id=batch_id)
     except NotReady:
-        finalize.send_with_options(args=(batch_id,), delay=2_000)
+        _finalize_later(batch_id)
 
 
 @dramatiq.actor(queue_name="batches", max_retries=0)
