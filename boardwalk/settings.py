@@ -227,7 +227,8 @@ WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
 # An idle worker's longest wait between two looks at each queue (Dramatiq's Redis consumer
 # backs off up to this): how late a wake-up or a finalization can start. At 1 s a 3 s batch
 # spent up to 2 s of it waiting (the wake-up, then the finalization); one look is one small
-# Redis script per queue.
+# Redis script per queue. On Redis a message sent rings a doorbell that wakes an idle consumer
+# at once (boardwalk.broker.DoorbellRedisBroker): this wait is the fallback.
 WORKER_POLL_MS = env_int("BOARDWALK_WORKER_POLL_MS", 100)
 ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
 # Reuse of computed prompt prefixes (within one organization and deployment); off only to
