@@ -54,6 +54,7 @@ REDIS_CONNECT_TIMEOUT_SECONDS = 2.0
 # nobody took in time only costs a waiting consumer one early, empty fetch.
 DOORBELL_RINGS = 16
 DOORBELL_TTL_SECONDS = 5
+_DOORBELL_LONGEST_WAIT_SECONDS = REDIS_SOCKET_TIMEOUT_SECONDS / 2
 
 _broker: dramatiq.Broker | None = None
 
@@ -95,11 +96,11 @@ class _DoorbellConsumer(_RedisConsumer):
                 )
                 if not self.message_cache:
                     self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-                    # Never 0: BLPOP's 0 waits forever.
-                    wait = max(backoff_ms, 1) / 1000
+                    # Never 0 (BLPOP's 0 waits forever), and inside the socket's timeout.
+                    wait = min(max(backoff_ms, 1) / 1000, _DOORBELL_LONGEST_WAIT_SECONDS)
                     self.broker.client.blpop([self.broker.doorbell(self.queue_name)], wait)
                     return None  # called again at once: the fetch then finds what rang
-            except redis.ConnectionError as exc:
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
                 raise ConnectionClosed(exc) from None
         return super().__next__()
 
