@@ -87,6 +87,8 @@ class DoorbellRedisBroker(RedisBroker):
         return enqueued
 
 
+# Extends Dramatiq's private Redis consumer (pyproject pins dramatiq 2.2.1; recheck its
+# `__next__` when upgrading): only the idle wait differs, fetching and acking are its own.
 class _DoorbellConsumer(_RedisConsumer):
     def __next__(self) -> Any:
         if not self.message_cache and self.outstanding_message_count < self.prefetch:
