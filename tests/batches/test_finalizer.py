@@ -62,3 +62,24 @@ def test_a_finalization_that_raises_is_handed_on_and_publishes_nothing(
     # What the finalize actor then does, once the cause is gone: nothing was lost.
     Batch.objects.filter(id=data["id"]).update(key_id=key_id)
     assert finalize(data["id"]).status == Batch.Status.COMPLETED
+
+
+def test_a_broker_that_cannot_take_the_hand_off_costs_a_log_line_not_the_next_batch(
+    api: Api, catalog_model, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck, ready = submit(api, rows(2), key="stuck"), submit(api, rows(1), key="ready")
+    stuck_batch = Batch.objects.get(id=stuck["id"])
+    items_claim(key=EngineKey(stuck_batch.revision_id), worker_id="w-busy", limit=1)
+    assert api.post(f"/v1/batches/{stuck['id']}/cancel").json()["status"] == "cancelling"
+    assert run_worker(ready["id"]) == {ready["id"]}
+
+    def unreachable(batch_id: str) -> None:
+        raise ConnectionError("broker down")
+
+    finalizer = Finalizer(not_ready=unreachable, failed=unreachable)
+    finalizer.submit(stuck["id"])
+    finalizer.submit(ready["id"])
+    finalizer.close()
+    assert f"finalize of {stuck['id']} not enqueued: ConnectionError" in caplog.text
+    assert Batch.objects.get(id=stuck["id"]).status == Batch.Status.CANCELLING  # the sweeper's
+    assert Batch.objects.get(id=ready["id"]).status == Batch.Status.COMPLETED
