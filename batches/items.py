@@ -210,7 +210,8 @@ _PLAIN_FIELDS = {
 
 
 def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Insert a new batch's items: one prepared INSERT run for every row (executemany).
+    """Insert a new batch's items: one COPY on PostgreSQL, one prepared INSERT run for every
+    row elsewhere (executemany).
 
     `shared`: the column values every item has (its batch, engine keys, deadline), by field
     attname; `rows`: each item's own values (the same attnames in every row). Other columns
@@ -219,6 +220,9 @@ def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     not at all: building model instances and preparing every value of every row (`bulk_create`,
     then `get_db_prep_save` per value) was the larger part of a 256-line batch's acceptance.
     The items' own ids stay unset.
+
+    PostgreSQL gets COPY: 256 rows took ~20 ms through executemany (psycopg's pipeline), and
+    one call in 30 to 60 stalled for ~200 ms, against ~6 ms through COPY, with no stall seen.
     """
     if not rows:
         return
@@ -242,22 +246,40 @@ def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         return f.get_db_prep_save(raw, connection)
 
     quote = connection.ops.quote_name
+    table = quote(BatchItem._meta.db_table)
     columns = ", ".join(quote(f.column) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
+    values = ([value(*kind, row) for kind in kinds] for row in rows)
     # Only the model's own quoted table and column names are formatted in.
-    sql = f"INSERT INTO {quote(BatchItem._meta.db_table)} ({columns}) VALUES ({marks})"  # noqa: S608
     with connection.cursor() as cursor:
-        cursor.executemany(sql, [[value(*kind, row) for kind in kinds] for row in rows])
+        if connection.vendor == "postgresql":
+            with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row_values in values:
+                    copy.write_row(row_values)
+            return
+        marks = ", ".join(["%s"] * len(fields))
+        cursor.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", list(values))  # noqa: S608
 
 
 def items_set_charges(charges: dict[int, int]) -> None:
-    """Each published item's charge (finalization), as one statement run per row; the
-    ORM's `bulk_update` built a CASE over every row (~90 ms of Python for 256 rows)."""
+    """Each published item's charge (finalization): on PostgreSQL one statement over two
+    arrays, elsewhere one statement run per row. The ORM's `bulk_update` built a CASE over
+    every row (~90 ms of Python for 256 rows); executemany on PostgreSQL stalls now and then
+    (see `items_insert`)."""
+    if not charges:
+        return
     quote = connection.ops.quote_name
-    table, charge = quote(BatchItem._meta.db_table), quote("charge_microusd")
-    sql = f"UPDATE {table} SET {charge} = %s WHERE {quote('id')} = %s"  # noqa: S608
+    table, charge, pk = quote(BatchItem._meta.db_table), quote("charge_microusd"), quote("id")
     with connection.cursor() as cursor:
-        cursor.executemany(sql, [(amount, pk) for pk, amount in charges.items()])
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} SET {charge} = c.amount "  # noqa: S608
+                "FROM unnest(%s::bigint[], %s::bigint[]) AS c(id, amount) "
+                f"WHERE {table}.{pk} = c.id",
+                [list(charges), list(charges.values())],
+            )
+            return
+        sql = f"UPDATE {table} SET {charge} = %s WHERE {pk} = %s"  # noqa: S608
+        cursor.executemany(sql, [(amount, item_id) for item_id, amount in charges.items()])
 
 
 def _fenced_write_sql() -> str:
