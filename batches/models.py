@@ -120,7 +120,11 @@ class BatchItem(models.Model):
 
     DONE = (State.SUCCEEDED, State.FAILED)
 
-    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="items")
+    # Indexes are few on purpose: a result write changes `state`, so it is never a HOT
+    # update and every index of the table takes a new entry per row written. A batch's items
+    # are found through `item_unique_index` (batch, index), the claim through
+    # `item_claim_idx`; neither the foreign key nor `revision_id_key` needs its own.
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="items", db_index=False)
     index = models.PositiveIntegerField()
     custom_id = models.CharField(max_length=200)
     line_offset = models.BigIntegerField()
@@ -134,7 +138,7 @@ class BatchItem(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
 
     # Denormalized from the batch so the claim query needs no join.
-    revision_id_key = models.CharField(max_length=40, db_index=True)
+    revision_id_key = models.CharField(max_length=40)
     deployment_id_key = models.CharField(max_length=40, blank=True)
     org_id_key = models.CharField(max_length=40)
     deadline = models.DateTimeField()
