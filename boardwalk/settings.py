@@ -297,6 +297,10 @@ TEST_FAULT_POINT = env_str("BOARDWALK_TEST_FAULT_POINT")
 # is refused, so nothing ever spools plaintext to disk.
 FILE_UPLOAD_HANDLERS = ["files.upload.RefuseFileUploads"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+# Input files up to this size have their prompt tokens counted inside the upload's request
+# (~0.15 s per 256 KiB here), so a create that follows at once finds them; larger ones are
+# counted by a worker after the upload (files.counting). 0: always by a worker.
+UPLOAD_COUNT_INLINE_BYTES = env_int("BOARDWALK_UPLOAD_COUNT_INLINE_BYTES", 256 * 1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["boardwalk.auth.ApiKeyAuthentication"],

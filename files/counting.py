@@ -1,10 +1,14 @@
-"""Prompt tokens of an input file, counted by a worker right after the upload (issue 6).
+"""Prompt tokens of an input file, counted at the upload (issue 6).
 
-Tokenizing costs about half a second per MB, so it stays off the upload's answer: the upload
-stores the file and enqueues `files.tasks.file_count_tokens`, which calls
-`file_count_prompt_tokens`. Acceptance and estimate use the stored counts when they are for
-the revision they pin, and count the file themselves (`file_prompt_tokens`, the same loop)
-when they are not there yet, the count failed, or the serving revision has moved on.
+Tokenizing costs about half a second per MB. A small file (UPLOAD_COUNT_INLINE_BYTES, 256 KiB
+by default) is counted inside the upload's request (`file_count_on_upload`), so that a create
+sent right after the upload's answer finds its counts: counted by a worker instead, a
+256-line file was not counted yet when the create came, and the create counted it again
+while the worker did. A larger file stays off the upload's answer: the upload enqueues
+`files.tasks.file_count_tokens`, which calls `file_count_prompt_tokens`. Acceptance and
+estimate use the stored counts when they are for the revision they pin, and count the file
+themselves (`file_prompt_tokens`, the same loop) when they are not there yet, the count
+failed, or the serving revision has moved on.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError
 
 from boardwalk.errors import ServiceUnavailable
 from files.crypto import CryptoError
@@ -102,3 +109,20 @@ def file_count_prompt_tokens(*, file_id: str) -> bool:
             "prompt tokens of %s counted for %s: %s lines", file.id, revision.id, len(counts)
         )
     return bool(stored)
+
+
+def file_count_on_upload(*, file: File) -> bool:
+    """Count a just-stored input file's prompt tokens now, when it is small enough.
+
+    True when counted and stored. False when the file is larger than
+    UPLOAD_COUNT_INLINE_BYTES, or the count did not store anything (see
+    `file_count_prompt_tokens`) or met a database error (logged by type): the caller then
+    leaves the count to a worker, and acceptance counts whatever is still uncounted.
+    """
+    if file.bytes > settings.UPLOAD_COUNT_INLINE_BYTES:
+        return False
+    try:
+        return file_count_prompt_tokens(file_id=file.id)
+    except DatabaseError as exc:
+        logger.warning("prompt tokens of %s not counted at upload: %s", file.id, type(exc).__name__)
+        return False

@@ -13,6 +13,7 @@ from boardwalk.auth import READ, WRITE
 from boardwalk.broker import send_after_commit
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
+from files.counting import file_count_on_upload
 from files.multipart import MultipartError, multipart_boundary
 from files.ranges import not_modified, requested_range
 from files.selectors import file_get_for_org, file_readable_for_org
@@ -118,9 +119,11 @@ class FileCollectionView(APIView):
                 param="purpose",
             )
         file = file_create_from_upload(org=request.user.org, purpose=purpose, upload=upload)
-        # Prompt tokens are counted by a worker, off the upload's answer (files.counting);
-        # sent from here because files.tasks reads files through files.services.
-        send_after_commit(file_count_tokens, file.id)
+        # A small file's prompt tokens are counted here, a larger one's by a worker, off the
+        # upload's answer (files.counting); sent from here because files.tasks reads files
+        # through files.services.
+        if not file_count_on_upload(file=file):
+            send_after_commit(file_count_tokens, file.id)
         return file
 
 

@@ -1,4 +1,5 @@
-"""Prompt tokens are counted by a worker after the upload (issue 6, item 3): acceptance and
+"""Prompt tokens are counted at the upload (issue 6, item 3; here as a worker counts a file
+too large to count inside its upload, UPLOAD_COUNT_INLINE_BYTES = 0): acceptance and
 estimate read the counts from the File row, and count again only when the pinned revision is
 not the one counted for, or when there are no counts (not counted yet, or the count failed)."""
 
@@ -22,6 +23,12 @@ from tests.batches.test_sectioned_batches import SECTIONED, sectioned_file
 from tests.conftest import PRICES, Api, jsonl, request_line
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def counted_by_a_worker(settings: Any) -> None:
+    settings.UPLOAD_COUNT_INLINE_BYTES = 0
+
 
 # A template that renders every message twice: the same file counts about twice the tokens.
 DOUBLING_TEMPLATE = (

@@ -1,5 +1,6 @@
-"""Prompt tokens are counted by a worker after the upload (issue 6, item 3), never inside it:
-files.counting.file_count_prompt_tokens and its actor files.tasks.file_count_tokens."""
+"""Prompt tokens are counted at the upload (issue 6, item 3): a small file inside the upload's
+request (files.counting.file_count_on_upload), a larger one by a worker after it
+(files.counting.file_count_prompt_tokens and its actor files.tasks.file_count_tokens)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,25 @@ import time
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 
 from boardwalk.worker_runtime import COUNT_QUEUES, WorkerRuntime
 from files.counting import file_count_prompt_tokens
 from files.models import File
 from files.services import file_shred
 from files.tasks import file_count_tokens
+from tests.batches.test_create import create
 from tests.conftest import Api, jsonl, request_line
 
 pytestmark = pytest.mark.django_db
 
 SECRET = "the prompt says swordfish"
+
+
+@pytest.fixture(autouse=True)
+def counted_by_a_worker(settings: Any) -> None:
+    """Most tests here are of the worker's count: no file is counted inside its upload."""
+    settings.UPLOAD_COUNT_INLINE_BYTES = 0
 
 
 @pytest.fixture
@@ -52,7 +61,7 @@ def _upload(api: Api, *contents: str) -> File:
     return File.objects.get(id=response.json()["id"])
 
 
-def test_the_upload_does_not_tokenize_and_enqueues_the_count(
+def test_an_upload_over_the_inline_size_is_not_tokenized_and_enqueues_the_count(
     api: Api,
     catalog_model: Any,
     sent: list[tuple[Any, ...]],
@@ -181,3 +190,83 @@ def test_chunked_counting_equals_counting_line_by_line(
     assert [count for _, count in chunked] == one_by_one
     assert [body["messages"][0]["content"] for body, _ in chunked] == contents
     assert len(set(one_by_one)) == 7  # the lines really differ
+
+
+def test_a_small_upload_is_counted_in_its_request_and_its_create_counts_nothing(
+    api: Api,
+    catalog_model: Any,
+    sent: list[tuple[Any, ...]],
+    tokenized: list[dict[str, Any]],
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    settings.UPLOAD_COUNT_INLINE_BYTES = 256 * 1024
+    with django_capture_on_commit_callbacks(execute=True):
+        file = _upload(api, "Hello there", "Second")
+    assert sent == []  # no worker message: nothing left to count
+    assert file.prompt_tokens_revision == catalog_model.revision_id
+    assert len(file.prompt_tokens) == 2 and all(count > 0 for count in file.prompt_tokens)
+    assert len(tokenized) == 2
+
+    response = create(api, file.id)
+    assert response.status_code == 200, response.content
+    assert len(tokenized) == 2  # the create used the stored counts, read no line again
+
+
+def test_an_upload_one_byte_over_the_inline_size_is_left_to_a_worker(
+    api: Api,
+    catalog_model: Any,
+    sent: list[tuple[Any, ...]],
+    tokenized: list[dict[str, Any]],
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    body = jsonl(request_line("task-0", content="Hello there"))
+    settings.UPLOAD_COUNT_INLINE_BYTES = len(body) - 1
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.upload(body)
+    assert response.status_code == 200, response.content
+    file = File.objects.get(id=response.json()["id"])
+    assert tokenized == [] and file.prompt_tokens is None
+    assert sent == [(file.id,)]
+
+
+def test_an_inline_count_that_fails_still_answers_the_upload_and_leaves_it_to_a_worker(
+    api: Api,
+    catalog_model: Any,
+    sent: list[tuple[Any, ...]],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A database error while counting (the file is already stored) or a count that fails on
+    the content: the upload still answers 200 with the file, and a worker gets the count."""
+    import files.counting
+
+    settings.UPLOAD_COUNT_INLINE_BYTES = 256 * 1024
+
+    def database_down(*, file_id: str) -> bool:
+        raise OperationalError("connection lost")
+
+    monkeypatch.setattr(files.counting, "file_count_prompt_tokens", database_down)
+    with (
+        caplog.at_level(logging.WARNING, logger="files.counting"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        first = _upload(api, SECRET)
+    assert "OperationalError" in caplog.text and "swordfish" not in caplog.text
+    assert first.prompt_tokens is None
+    monkeypatch.undo()
+    settings.UPLOAD_COUNT_INLINE_BYTES = 256 * 1024
+
+    def broken(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[int]:
+        raise RuntimeError(f"template failed on {bodies[0]['messages'][0]['content']}")
+
+    monkeypatch.setattr("files.counting.prompt_token_counts", broken)
+    monkeypatch.setattr(file_count_tokens, "send", lambda *args: sent.append(args))
+    with django_capture_on_commit_callbacks(execute=True):
+        second = _upload(api, SECRET)
+    assert second.prompt_tokens is None
+    assert sent == [(first.id,), (second.id,)]
+    assert "swordfish" not in caplog.text
