@@ -15,6 +15,7 @@ from typing import Any
 from inference.engine.types import (
     ERROR_CONTEXT_LENGTH,
     FINISH_LENGTH,
+    NOT_READY,
     Choice,
     GenerationRequest,
     GenerationResult,
@@ -53,6 +54,8 @@ class FakeEngine:
                 request = next(source, None)
                 if request is None:
                     exhausted = True
+                    break
+                if request is NOT_READY:
                     break
                 if len(request.prompt_ids) + request.params.max_new_tokens > self.context_length:
                     yield _result(request, 0, 0.0, error=ERROR_CONTEXT_LENGTH)

@@ -24,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from batches.execution.prepare import Prepare, Unpreparable, Work
+from batches.execution.prepare import Prepare, Unpreparable, Work, request_key
 from batches.execution.record import Finished, Record
 from batches.items import EngineKey, item_release, items_heartbeat, key_has_claimable_items
 from batches.lifecycle import batch_fail
@@ -189,22 +189,23 @@ class _Run:
     def _claim_more(self) -> bool:
         return time.monotonic() < self.stop_at and (self.remaining is None or self.remaining > 0)
 
-    def _next_group(self) -> list[Work | Unpreparable] | None:
-        """Claim and prepare a group; None when there is nothing more to claim."""
+    def _next_group(self) -> Iterator[Work | Unpreparable] | None:
+        """Claim a group and return its items as they are prepared; None when there is
+        nothing more to claim. The claimed items are held (heartbeat, release) at once."""
         if not self._claim_more():
             return None
-        prepared, ended = self.prepare.next_group(self.remaining)
+        claimed, ended = self.prepare.claim(self.remaining)
         if ended:
             self.record.check_batches(ended)
-        if not prepared:
+        if not claimed:
             return None
         if self.remaining is not None:
-            self.remaining -= len(prepared)
-        if self.on_more_work is not None and len(prepared) >= self.prepare.group_size:
+            self.remaining -= len(claimed)
+        if self.on_more_work is not None and len(claimed) >= self.prepare.group_size:
             self.on_more_work()
-        for p in prepared:
-            self._hold(p.request.id if isinstance(p, Work) else f"prep:{p.item.pk}", p.item)
-        return prepared
+        for item in claimed:
+            self._hold(request_key(item), item)
+        return self.prepare.prepared(claimed)
 
     def _refresh_stopping(self) -> None:
         """Which held requests belong to batches that are stopping (cancel, expiry)."""
@@ -226,7 +227,7 @@ class _Run:
         return None if item is None else Finished(item, result)
 
     def _unpreparable(self, p: Unpreparable) -> Finished:
-        self._take(f"prep:{p.item.pk}")
+        self._take(request_key(p.item))
         return Finished(p.item, None, p.error_code)
 
     def _write(self, group: list[Finished]) -> None:
@@ -335,6 +336,8 @@ class _Run:
                 if group is None:
                     break
                 for p in group:
+                    if over.is_set():  # the rest stay held, and are handed back
+                        break
                     if isinstance(p, Unpreparable):
                         results.put(self._unpreparable(p))
                         continue

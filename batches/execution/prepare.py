@@ -112,34 +112,40 @@ class Prepare:
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
         self._sections: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 
-    def next_group(self, limit: int | None = None) -> tuple[list[Work | Unpreparable], set[str]]:
-        """Claim and prepare one group. Returns the prepared items (empty: nothing left to
-        claim) and the batches of items the claim ended out of attempts."""
+    def claim(self, limit: int | None = None) -> tuple[list[BatchItem], set[str]]:
+        """Lease one group, in file order within each batch (the streams read forward only).
+        Returns the items (empty: nothing left to claim) and the batches of items the claim
+        ended out of attempts."""
         size = self.group_size if limit is None else min(limit, self.group_size)
         claim = items_claim_group(key=self.key, worker_id=self.owner, limit=size)
-        # File order within each batch: the stream reads forward only.
-        items = sorted(claim.items, key=lambda i: (i.batch_id, i.index))
-        bodies = [self._read(item) for item in items]
+        return sorted(claim.items, key=lambda i: (i.batch_id, i.index)), claim.ended_batch_ids
+
+    def prepared(self, items: list[BatchItem]) -> Iterator[Work | Unpreparable]:
+        """The claimed items, each ready for the engine or unpreparable, in their order.
+
+        Text items one at a time, so the first reaches the engine while the rest of its group
+        is still read and tokenized (at a run's start the engine waited for a whole group);
+        media items as a group, whose fetches and decodes run in parallel.
+        """
         if self._media is None:
-            return [
-                body if isinstance(body, Unpreparable) else self._prepare(item, body, [])
-                for item, body in zip(items, bodies, strict=True)
-            ], claim.ended_batch_ids
+            for item in items:
+                body = self._read(item)
+                yield body if isinstance(body, Unpreparable) else self._prepare(item, body, [])
+            return
+        bodies = [self._read(item) for item in items]
         parts = [
             [] if isinstance(b, Unpreparable) else media_parts(b.get("messages") or [])
             for b in bodies
         ]
         resolved = self._media.resolve_many(parts)
-        prepared: list[Work | Unpreparable] = []
         for item, body, media in zip(items, bodies, resolved, strict=True):
             if isinstance(body, Unpreparable):
-                prepared.append(body)
+                yield body
             elif isinstance(media, MediaError):
                 logger.info("item %s: %s (%s)", item.pk, media.code, media.reason)
-                prepared.append(Unpreparable(item, media.code))
+                yield Unpreparable(item, media.code)
             else:
-                prepared.append(self._prepare(item, body, media))
-        return prepared, claim.ended_batch_ids
+                yield self._prepare(item, body, media)
 
     def close(self) -> None:
         if self._media is not None:

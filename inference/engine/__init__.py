@@ -3,7 +3,14 @@
 from typing import Any
 
 from .chat import render_prompt
-from .types import Choice, GenerationRequest, GenerationResult, MediaInput, SamplingParams
+from .types import (
+    NOT_READY,
+    Choice,
+    GenerationRequest,
+    GenerationResult,
+    MediaInput,
+    SamplingParams,
+)
 
 # The engine and the loader need torch; the request types and prompt rendering do not, and
 # the web tier (which must never import torch) uses those. So the heavy names load lazily.
@@ -19,6 +26,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "NOT_READY",
     "Choice",
     "Engine",
     "GenerationRequest",

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
-from .types import ERROR_INTERNAL, GenerationRequest, GenerationResult
+from .types import ERROR_INTERNAL, NOT_READY, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,11 @@ class Contained:
         self._lock = threading.Lock()
         self._in_engine: dict[str, GenerationRequest] = {}  # pulled, not answered
 
+    def holding(self) -> bool:
+        """Whether the engine holds a request it has not answered (pulled, no result yet)."""
+        with self._lock:
+            return bool(self._in_engine)
+
     def generate(
         self,
         source: Iterable[GenerationRequest],
@@ -39,8 +44,9 @@ class Contained:
     ) -> Iterator[GenerationResult]:
         def tracked() -> Iterator[GenerationRequest]:
             for request in source:
-                with self._lock:
-                    self._in_engine[request.id] = request
+                if request is not NOT_READY:
+                    with self._lock:
+                        self._in_engine[request.id] = request
                 yield request
 
         feed = tracked()

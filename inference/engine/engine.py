@@ -40,6 +40,7 @@ from .types import (
     ERROR_INVALID_REQUEST,
     FINISH_LENGTH,
     FINISH_STOP,
+    NOT_READY,
     Choice,
     GenerationRequest,
     GenerationResult,
@@ -215,7 +216,8 @@ class Engine:
         aborted: Callable[[], Collection[str]] | None = None,
     ) -> Iterator[GenerationResult]:
         """Pulls requests lazily from `requests` as capacity frees up (continuous batching),
-        yields each result as soon as it finishes (not in input order).
+        yields each result as soon as it finishes (not in input order). `requests` may yield
+        NOT_READY while this holds a request: nothing more now, step and ask again.
 
         At most `max_batch_size` sequences (n per request) are in flight or waiting for
         memory. `aborted()` is polled about every `abort_poll_seconds` of work; requests whose
@@ -246,6 +248,8 @@ class Engine:
                         request = next(source)
                     except StopIteration:
                         exhausted = True
+                        break
+                    if request is NOT_READY:  # step what is held; ask again after it
                         break
                     error = self._invalid(request)
                     if error or request.id in aborted_ids:

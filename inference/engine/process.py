@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
-from .types import GenerationRequest, GenerationResult
+from .types import NOT_READY, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,19 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
     receiver.start()
 
     def source() -> Iterator[GenerationRequest]:
-        while (request := ready.get()) is not _END:
+        # Never blocks an engine that has rows to step: a request still on its way through
+        # the pipe joins at a later step (at a run's start the engine waited for a whole
+        # engine's width of requests to arrive, one by one, before its first step).
+        while True:
+            try:
+                request = ready.get_nowait()
+            except queue.Empty:
+                if contained.holding():
+                    yield NOT_READY
+                    continue
+                request = ready.get()
+            if request is _END:
+                return
             yield request
 
     def stopped() -> Collection[str]:

@@ -157,3 +157,30 @@ def test_an_orphaned_engine_process_drops_its_work_and_exits(tiny_model_dir: Pat
 
     assert engine._process.exitcode == 0  # it left on its own, not killed
     assert results == [] and engine.broken
+
+
+def test_the_child_steps_what_it_holds_while_the_next_request_is_not_there_yet(
+    process, loaded
+) -> None:
+    """A request on its way must not hold up the rows the child already has: the second
+    request is sent only once the first's result is back, which an engine that waits on its
+    pipe for more requests (it has room for four) would never give."""
+    _, tokenizer = loaded
+    first, second = requests(tokenizer, 2, tokens=8)
+    answered = threading.Event()
+    order: list[str] = []
+
+    def source():
+        yield first
+        order.append("first sent")
+        answered.wait(timeout=60)
+        order.append("second sent")
+        yield second
+
+    for result in process.generate(source()):
+        order.append(f"result {result.id}")
+        if result.id == first.id:
+            answered.set()
+
+    assert order == ["first sent", "result 0", "second sent", "result 1"]
+    assert not process.broken
