@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import User
 from django.urls import reverse
 
@@ -37,9 +38,9 @@ def test_admin_pages_render_without_content(staff, api: Api, catalog_model):
         "/admin/inference/deployment/",
         "/admin/billing/ledgerentry/",
         "/admin/batches/batch/",
-        reverse("admin:batches_batch_change", args=[batch.id]),
+        reverse("admin:batches_batch_change", args=[quote(batch.id)]),
         "/admin/files/file/",
-        reverse("admin:files_file_change", args=[batch.output_file_id]),
+        reverse("admin:files_file_change", args=[quote(batch.output_file_id)]),
     ]
     for page in pages:
         response = staff.get(page)
