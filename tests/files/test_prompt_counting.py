@@ -245,6 +245,7 @@ def test_an_inline_count_that_fails_still_answers_the_upload_and_leaves_it_to_a_
     import files.counting
 
     settings.UPLOAD_COUNT_INLINE_BYTES = 256 * 1024
+    real_count = files.counting.file_count_prompt_tokens
 
     def database_down(*, file_id: str) -> bool:
         raise OperationalError("connection lost")
@@ -257,14 +258,12 @@ def test_an_inline_count_that_fails_still_answers_the_upload_and_leaves_it_to_a_
         first = _upload(api, SECRET)
     assert "OperationalError" in caplog.text and "swordfish" not in caplog.text
     assert first.prompt_tokens is None
-    monkeypatch.undo()
-    settings.UPLOAD_COUNT_INLINE_BYTES = 256 * 1024
+    monkeypatch.setattr(files.counting, "file_count_prompt_tokens", real_count)
 
     def broken(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[int]:
         raise RuntimeError(f"template failed on {bodies[0]['messages'][0]['content']}")
 
     monkeypatch.setattr("files.counting.prompt_token_counts", broken)
-    monkeypatch.setattr(file_count_tokens, "send", lambda *args: sent.append(args))
     with django_capture_on_commit_callbacks(execute=True):
         second = _upload(api, SECRET)
     assert second.prompt_tokens is None
