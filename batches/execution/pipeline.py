@@ -189,19 +189,21 @@ class _Run:
     def _claim_more(self) -> bool:
         return time.monotonic() < self.stop_at and (self.remaining is None or self.remaining > 0)
 
-    def _next_group(self) -> Iterator[Work | Unpreparable] | None:
-        """Claim a group and return its items as they are prepared; None when there is
-        nothing more to claim. The claimed items are held (heartbeat, release) at once."""
+    def _next_group(self, room: int | None = None) -> Iterator[Work | Unpreparable] | None:
+        """Claim a group of at most `room` items and return them as they are prepared; None
+        when there is nothing more to claim. The claimed items are held (heartbeat, release)
+        at once."""
         if not self._claim_more():
             return None
-        claimed, ended = self.prepare.claim(self.remaining)
+        size = min(n for n in (self.prepare.group_size, room, self.remaining) if n is not None)
+        claimed, ended = self.prepare.claim(size)
         if ended:
             self.record.check_batches(ended)
         if not claimed:
             return None
         if self.remaining is not None:
             self.remaining -= len(claimed)
-        if self.on_more_work is not None and len(claimed) >= self.prepare.group_size:
+        if self.on_more_work is not None and len(claimed) >= size:
             self.on_more_work()
         for item in claimed:
             self._hold(request_key(item), item)
@@ -281,7 +283,7 @@ class _Run:
     # -- threaded: prepare and record on their own threads -----------------------------------
 
     def threaded(self) -> None:
-        ahead: queue.Queue[Any] = queue.Queue(maxsize=max(2, self.engine.max_batch_size))
+        ahead = _Ahead(maxsize=max(2, self.engine.max_batch_size))
         results: queue.Queue[Any] = queue.Queue()
         over = threading.Event()
         heartbeat = _Heartbeat(self)
@@ -320,13 +322,22 @@ class _Run:
             self.prepare.close()
             self._release_held()
 
-    def _prepare_loop(self, ahead: queue.Queue[Any], results: queue.Queue[Any], over: Any) -> None:
+    def _prepare_loop(self, ahead: _Ahead, results: queue.Queue[Any], over: Any) -> None:
         ended = False
+        # Claim only what the queue can take, once it has room for half a group: an item
+        # claimed while the queue is full waits in this worker, not on the engine, and a
+        # worker that dies takes its claims with it until its leases are recovered (a queue
+        # and a group ahead of a full engine were 48 items to re-run behind the others).
+        want = max(1, min(self.prepare.group_size, ahead.maxsize) // 2)
         try:
             last_poll = 0.0
             while not over.is_set():
+                room = ahead.room(want, timeout=STOPPING_POLL_SECONDS)
+                if room < want:
+                    last_poll = self._poll_stopping(last_poll)
+                    continue
                 try:
-                    group = self._next_group()
+                    group = self._next_group(room)
                 except Exception as exc:
                     logger.warning("claim failed (%s); retrying", type(exc).__name__)
                     connection.close()
@@ -428,6 +439,16 @@ class _Run:
             except Exception as exc:
                 logger.warning("release of item %s failed (%s)", item.pk, type(exc).__name__)
                 connection.close()
+
+
+class _Ahead(queue.Queue[Any]):
+    """The prepared requests waiting for the engine, a bounded queue."""
+
+    def room(self, want: int, *, timeout: float) -> int:
+        """The free places, once there are at least `want` or `timeout` has passed."""
+        with self.not_full:
+            self.not_full.wait_for(lambda: self.maxsize - self._qsize() >= want, timeout)
+            return self.maxsize - self._qsize()
 
 
 def _fail_batches_of(key: EngineKey, *, message: str) -> set[str]:
