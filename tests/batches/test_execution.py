@@ -421,3 +421,57 @@ def test_a_claim_does_not_load_the_input_files_per_line_json(api: Api, catalog_m
         deferred = item.batch.input_file.get_deferred_fields()
         assert {"line_index", "prompt_tokens"} <= deferred
         assert item.batch.input_file.storage_name  # what the worker reads is there
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_claims_no_more_than_its_engine_and_queue_take(api: Api, catalog_model, settings):
+    # Items claimed beyond what the engine has pulled wait in the worker, and a worker that
+    # dies takes them with it until its leases are recovered: the prepare stage claims only
+    # what the engine's queue has room for (before: one more whole group on top of it).
+    from inference.engine.types import NOT_READY
+    from inference.fake_engine import FakeEngine
+
+    settings.EXECUTION_CLAIM_GROUP = 4
+    data = submit(api, rows(24, max_tokens=3), key="bounded-claims")
+    revision = ModelRevision.objects.get(id=data["model_config_id"])
+    real = runtime.engine_for(revision)
+    pulled = 0
+
+    class Counting(FakeEngine):
+        def generate(self, requests: Any, *, aborted: Any = None) -> Iterator[Any]:
+            def counted() -> Iterator[Any]:
+                nonlocal pulled
+                for request in requests:
+                    pulled += request is not NOT_READY
+                    yield request
+
+            return super().generate(counted(), aborted=aborted)
+
+    fake = Counting(
+        real.tokenizer, context_length=revision.context_length, max_batch_size=4, step_seconds=0.02
+    )
+    claimed = BatchItem.objects.filter(batch_id=data["id"], started_at__isnull=False)
+    most = 0
+    stop = threading.Event()
+
+    def watch() -> None:
+        nonlocal most
+        try:
+            while not stop.is_set():
+                most = max(most, claimed.count() - pulled)
+                time.sleep(0.002)
+        finally:
+            connection.close()
+
+    watcher = threading.Thread(target=watch)
+    runtime._engines[revision.id] = fake
+    watcher.start()
+    try:
+        done = serve_key(_key(data["id"]), threaded=True)
+    finally:
+        stop.set()
+        watcher.join()
+        runtime._engines[revision.id] = real
+    assert done == {data["id"]}
+    assert BatchItem.objects.filter(batch_id=data["id"], state="succeeded").count() == 24
+    assert 0 < most <= 4  # the engine's queue (max_batch_size), never a group more
