@@ -101,6 +101,40 @@ def test_aborted_requests_come_back_aborted(process, loaded) -> None:
     assert not process.broken
 
 
+def test_a_cancel_reaches_a_child_whose_inbox_is_full(tiny_model_dir: Path, loaded) -> None:
+    # The child reads its pipe only between steps, so requests queue up in it: 64 prompts of
+    # ~600 tokens are more than a pipe holds while its 4 rows run for seconds. The cancel
+    # must still get through, and every result come back, without the run hanging on a send.
+    _, tokenizer = loaded
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir)},
+        engine_options=OPTIONS,
+        tokenizer=tokenizer,
+        credit=64,
+    )
+    batch = requests(tokenizer, 64, tokens=1400)
+    for request in batch:
+        request.prompt_ids = (request.prompt_ids * 600)[:600]
+    began = time.monotonic()
+
+    def aborted() -> set[str]:
+        return {r.id for r in batch} if time.monotonic() - began > 0.3 else set()
+
+    results: list = []
+    run = threading.Thread(
+        target=lambda: results.extend(engine.generate(iter(batch), aborted=aborted)),
+        daemon=True,
+    )
+    run.start()
+    run.join(timeout=120)  # a hang guard, not a timing: the run takes about a second
+
+    assert not run.is_alive()
+    assert sorted(r.id for r in results) == sorted(r.id for r in batch)
+    assert all(r.aborted for r in results)
+    assert not engine.broken
+    engine.close()
+
+
 def test_the_child_dying_mid_run_ends_the_run_as_broken(tiny_model_dir: Path, loaded) -> None:
     _, tokenizer = loaded
     engine = EngineProcess(
