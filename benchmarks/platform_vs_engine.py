@@ -237,6 +237,8 @@ def main() -> None:
         # Up to the batch's completed_at, then the download: the client's polling interval
         # is its own choice (a webhook learns at once), not the platform's time; polling it
         # faster instead cost the two cores more than it saved.
+        if batch.completed_at is None:
+            raise SystemExit(f"batch {batch.id} ended {batch.status}, not completed")
         seconds = (batch.completed_at.timestamp() - began) + (time.perf_counter() - downloading)
         rows = [orjson.loads(line) for line in body.splitlines() if line]
         if len(rows) != data.count(b"\n") - (2 if metadata else 0):
