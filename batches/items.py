@@ -16,8 +16,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Min, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
+from batches.claiming import claim_statements, claimable_params, placeholders, rest_sql
 from batches.models import Batch, BatchItem
 from billing.metering import UsageFacts, seconds_to_microseconds, usage_record
 from boardwalk import clock
@@ -71,48 +72,43 @@ def _fair_candidates(key: EngineKey, now: dt.datetime, limit: int) -> list[tuple
     the others in plain deadline order. So one org's large backlog delays another org's
     small batch by a claim group or two, not by the whole backlog (SPEC §11).
     """
-    orgs = list(
-        _claimable(key, now)
-        .values("org_id_key")
-        .annotate(first=Min("deadline"))
-        .order_by("first", "org_id_key")
-        .values_list("org_id_key", flat=True)[:limit]
-    )
-    if not orgs:
-        return []
-    share = -(-limit // len(orgs))
-    locked = BatchItem.objects.select_for_update(skip_locked=True, of=("self",))
-    order = ("deadline", "batch_id", "index")
-    chosen: list[tuple[int, int]] = []
-    for org_id in orgs:
-        room = min(share, limit - len(chosen))
-        if room <= 0:
-            break
-        rows = (
-            _claimable(key, now, locked)
-            .filter(org_id_key=org_id)
-            .order_by(*order)
-            .values_list("id", "attempts")[:room]
-        )
-        chosen.extend(rows)
-    if len(chosen) < limit:
-        taken = [pk for pk, _ in chosen]
-        rows = (
-            _claimable(key, now, locked)
-            .exclude(pk__in=taken)
-            .order_by(*order)
-            .values_list("id", "attempts")[: limit - len(chosen)]
-        )
-        chosen.extend(rows)
-    return chosen
+    sql = claim_statements()
+    where = claimable_params(key.revision_id, key.deployment_id, now)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.orgs, [*where, limit])
+        orgs = [org_id for (org_id,) in cursor.fetchall()]
+        if not orgs:
+            return []
+        share = -(-limit // len(orgs))
+        chosen: list[tuple[int, int]] = []
+        for org_id in orgs:
+            room = min(share, limit - len(chosen))
+            if room <= 0:
+                break
+            cursor.execute(sql.share, [*where, org_id, room])
+            chosen.extend(cursor.fetchall())
+        # With one org its share was the whole group: there is nobody else to fill it from.
+        if len(chosen) < limit and len(orgs) > 1:
+            taken = [pk for pk, _ in chosen]
+            cursor.execute(
+                rest_sql(sql, len(taken)),
+                [*where, *taken, limit - len(chosen)],
+            )
+            chosen.extend(cursor.fetchall())
+    return [(pk, attempts) for pk, attempts in chosen]
 
 
-def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGroup:
+def items_claim_group(
+    *, key: EngineKey, worker_id: str, limit: int, batches: dict[str, Batch] | None = None
+) -> ClaimGroup:
     """Lease up to `limit` pending items (fair between orgs, earliest deadline first).
 
     Each claim increments the item's lease_token: the fencing token its result must carry.
     An item that already used BOARDWALK_ITEM_MAX_ATTEMPTS claims is not leased again: it ends
     here as an `internal_error` row (a poison item that crashes whole workers stops looping).
+    The items come with their batch and its input file (less its line index and counts);
+    `batches`, a cache the caller keeps across its claims, saves reading the same batch again
+    (what a claimed item reads of it does not change once the batch is accepted).
     """
     now = clock.now()
     with transaction.atomic():
@@ -134,25 +130,39 @@ def items_claim_group(*, key: EngineKey, worker_id: str, limit: int) -> ClaimGro
         if not ids:
             return ClaimGroup([], ended)
         fault_point("items_claim.locked")  # test only: the candidates are row-locked here
-        BatchItem.objects.filter(id__in=ids, state=BatchItem.State.PENDING).update(
-            state=BatchItem.State.RUNNING,
-            lease_owner=worker_id,
-            lease_expires_at=_lease_until(),
-            lease_token=F("lease_token") + 1,
-            attempts=F("attempts") + 1,
-            started_at=now,
-        )
+        adapt = connection.ops.adapt_datetimefield_value
+        # raw() for the rows an UPDATE … RETURNING gives back: it converts each column the
+        # way a query does (SQLite's datetimes are text) and builds the model instances.
         items = list(
-            BatchItem.objects.filter(
-                id__in=ids, lease_owner=worker_id, state=BatchItem.State.RUNNING
+            BatchItem.objects.raw(
+                claim_statements().lease.replace("{ids}", placeholders(len(ids))),
+                [
+                    str(BatchItem.State.RUNNING),
+                    worker_id,
+                    adapt(_lease_until()),
+                    adapt(now),
+                    *ids,
+                    str(BatchItem.State.PENDING),
+                ],
             )
-            .select_related("batch", "batch__input_file")
-            # The input file's per-line index and token counts are JSON as long as the file:
-            # parsed for every claimed row, they made a claim cost O(rows x lines).
-            .defer("batch__input_file__line_index", "batch__input_file__prompt_tokens")
-            .order_by("deadline", "batch_id", "index")
         )
+        _attach_batches(items, {} if batches is None else batches)
+        items.sort(key=lambda i: (i.deadline, i.batch_id, i.index))
         return ClaimGroup(items, ended)
+
+
+def _attach_batches(items: list[BatchItem], known: dict[str, Batch]) -> None:
+    missing = {item.batch_id for item in items} - known.keys()
+    if missing:
+        known.update(
+            Batch.objects.select_related("input_file")
+            # The input file's per-line index and token counts are JSON as long as the
+            # file, and the claimed items need neither.
+            .defer("input_file__line_index", "input_file__prompt_tokens")
+            .in_bulk(missing)
+        )
+    for item in items:
+        item.batch = known[item.batch_id]
 
 
 def items_claim(*, key: EngineKey, worker_id: str, limit: int) -> list[BatchItem]:

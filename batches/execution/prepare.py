@@ -19,7 +19,7 @@ import orjson
 
 from batches.execution.media import DecodedMedia, MediaError, MediaResolver
 from batches.items import EngineKey, items_claim_group
-from batches.models import BatchItem
+from batches.models import Batch, BatchItem
 from boardwalk.codes import ItemCode
 from files.models import File
 from files.services import file_iter_lines, file_read_range
@@ -111,13 +111,16 @@ class Prepare:
         self._media = MediaResolver(media_layout) if media_layout is not None else None
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
         self._sections: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self._batches: dict[str, Batch] = {}  # this run's claimed items' batches
 
     def claim(self, limit: int | None = None) -> tuple[list[BatchItem], set[str]]:
         """Lease one group, in file order within each batch (the streams read forward only).
         Returns the items (empty: nothing left to claim) and the batches of items the claim
         ended out of attempts."""
         size = self.group_size if limit is None else min(limit, self.group_size)
-        claim = items_claim_group(key=self.key, worker_id=self.owner, limit=size)
+        claim = items_claim_group(
+            key=self.key, worker_id=self.owner, limit=size, batches=self._batches
+        )
         return sorted(claim.items, key=lambda i: (i.batch_id, i.index)), claim.ended_batch_ids
 
     def prepared(self, items: list[BatchItem]) -> Iterator[Work | Unpreparable]:
