@@ -323,6 +323,45 @@ def _fenced_write_sql() -> str:
     return _fenced_sql[vendor]
 
 
+def _fenced_group_sql() -> str:
+    """The fenced write of a whole group on PostgreSQL: one statement over arrays (one per
+    column), under the same fence per row as `_fenced_write_sql`, RETURNING the ids written.
+    One statement per row cost ~0.35 ms each, on the record thread and the database's core."""
+    if "group" not in _fenced_sql:
+        quote = connection.ops.quote_name
+
+        def column(name: str) -> str:
+            return quote(BatchItem._meta.get_field(name).column)  # type: ignore[union-attr,arg-type]
+
+        table = quote(BatchItem._meta.db_table)
+        per_row = (
+            ("id", "bigint"),
+            ("state", "text"),
+            ("result", "bytea"),
+            ("error_code", "text"),
+            ("usage_prompt_tokens", "integer"),
+            ("usage_cached_tokens", "integer"),
+            ("usage_completion_tokens", "integer"),
+            ("lease_token", "bigint"),
+        )
+        arrays = ", ".join(f"%s::{kind}[]" for _, kind in per_row)
+        names = ", ".join(f"v_{name}" for name, _ in per_row)
+        assignments = ", ".join(
+            [f"{column(name)} = v.v_{name}" for name, _ in per_row[1:7]]
+            + [f"{column('lease_owner')} = ''", f"{column('lease_expires_at')} = NULL"]
+            + [f"{column('completed_at')} = %s"]
+        )
+        _fenced_sql["group"] = (
+            f"UPDATE {table} AS t SET {assignments} "  # noqa: S608
+            f"FROM unnest({arrays}) AS v({names}) "
+            f"WHERE t.{column('id')} = v.v_id AND t.{column('state')} = %s "
+            f"AND t.{column('lease_owner')} = %s AND t.{column('lease_token')} = v.v_lease_token "
+            f"AND t.{column('lease_expires_at')} > %s "
+            f"RETURNING t.{column('id')}"
+        )
+    return _fenced_sql["group"]
+
+
 def items_record(
     *,
     outcomes: list[ItemOutcome],
@@ -334,41 +373,67 @@ def items_record(
     Returns, per outcome, whether it was written (False: the lease was lost). The batch row
     is not touched: request counts are derived from item states until finalization fixes
     them, so no row is locked by every item write. `in_transaction` runs inside the same
-    transaction with the outcomes that were written (per-item usage facts).
+    transaction with the outcomes that were written (per-item usage facts). On PostgreSQL
+    the group is one statement (`_fenced_group_sql`), elsewhere one per row.
     """
     now = clock.now()
-    written: list[bool] = []
-    sql = _fenced_write_sql()
     at = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic(), connection.cursor() as cursor:
-        for o in outcomes:
-            state = BatchItem.State.SUCCEEDED if o.succeeded else BatchItem.State.FAILED
+        if connection.vendor == "postgresql" and outcomes:
             cursor.execute(
-                sql,
+                _fenced_group_sql(),
                 [
-                    # SET: what `_FENCED_WRITE` names, in its order
-                    str(state),
-                    o.result,
-                    o.error_code,
-                    o.prompt_tokens,
-                    o.cached_tokens if o.succeeded else 0,
-                    o.completion_tokens if o.succeeded else 0,
-                    "",
-                    None,
-                    at,
-                    # WHERE: the fence (see _fenced_write_sql)
-                    o.item.id,
+                    at,  # SET completed_at; then the arrays, then the fence's own values
+                    [o.item.id for o in outcomes],
+                    [str(_state_of(o)) for o in outcomes],
+                    [o.result for o in outcomes],
+                    [o.error_code for o in outcomes],
+                    [o.prompt_tokens for o in outcomes],
+                    [o.cached_tokens if o.succeeded else 0 for o in outcomes],
+                    [o.completion_tokens if o.succeeded else 0 for o in outcomes],
+                    [o.item.lease_token for o in outcomes],
                     str(BatchItem.State.RUNNING),
                     worker_id,
-                    o.item.lease_token,
                     at,
                 ],
             )
-            written.append(cursor.rowcount == 1)
+            done = {pk for (pk,) in cursor.fetchall()}
+            written = [o.item.id in done for o in outcomes]
+        else:
+            written = [_record_one(cursor, o, worker_id, at) for o in outcomes]
         fault_point("item_finish.in_transaction")  # test only: holding the written rows' locks
         if in_transaction is not None:
             in_transaction([o for o, ok in zip(outcomes, written, strict=True) if ok])
     return written
+
+
+def _state_of(outcome: ItemOutcome) -> str:
+    return BatchItem.State.SUCCEEDED if outcome.succeeded else BatchItem.State.FAILED
+
+
+def _record_one(cursor: Any, o: ItemOutcome, worker_id: str, at: Any) -> bool:
+    cursor.execute(
+        _fenced_write_sql(),
+        [
+            # SET: what `_FENCED_WRITE` names, in its order
+            str(_state_of(o)),
+            o.result,
+            o.error_code,
+            o.prompt_tokens,
+            o.cached_tokens if o.succeeded else 0,
+            o.completion_tokens if o.succeeded else 0,
+            "",
+            None,
+            at,
+            # WHERE: the fence (see _fenced_write_sql)
+            o.item.id,
+            str(BatchItem.State.RUNNING),
+            worker_id,
+            o.item.lease_token,
+            at,
+        ],
+    )
+    return cursor.rowcount == 1
 
 
 def item_finish(

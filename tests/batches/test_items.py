@@ -76,3 +76,41 @@ def test_accepted_items_carry_their_own_values_shared_ones_and_defaults(api: Api
         (BatchItem.State.PENDING, 0, 0, False)
     }
     assert len({i.request_id for i in items}) == 5 and len({i.row_id for i in items}) == 5
+
+
+@pytest.mark.django_db
+def test_a_group_write_fences_each_row_on_its_own(api: Api, catalog_model):
+    """One group, three leases: current, re-claimed by another worker since (stale token),
+    and past its expiry. Only the current one is written; the others are untouched."""
+    import datetime as dt
+
+    from batches.items import ItemOutcome, items_record
+    from boardwalk import clock
+
+    data = submit(api, rows(3, max_tokens=1))
+    key = EngineKey(Batch.objects.get(id=data["id"]).revision_id)
+    current, stale, expired = sorted(items_claim(key=key, worker_id="w", limit=3), key=_index)
+    BatchItem.objects.filter(id=stale.id).update(lease_token=stale.lease_token + 1)
+    BatchItem.objects.filter(id=expired.id).update(
+        lease_expires_at=clock.now() - dt.timedelta(seconds=1)
+    )
+    outcomes = [
+        ItemOutcome(item, succeeded=True, result=b"sealed", prompt_tokens=5, completion_tokens=1)
+        for item in (current, stale, expired)
+    ]
+    recorded: list[ItemOutcome] = []
+    written = items_record(outcomes=outcomes, worker_id="w", in_transaction=recorded.extend)
+    assert written == [True, False, False]
+    assert [o.item.id for o in recorded] == [current.id]
+    after = {i.id: i for i in BatchItem.objects.filter(batch_id=data["id"])}
+    assert after[current.id].state == "succeeded"
+    assert bytes(after[current.id].result) == b"sealed"
+    assert after[current.id].usage_prompt_tokens == 5
+    assert after[current.id].lease_owner == "" and after[current.id].completed_at is not None
+    for item in (stale, expired):
+        assert after[item.id].state == "running" and after[item.id].result is None
+        assert after[item.id].lease_owner == "w" and after[item.id].usage_prompt_tokens == 0
+
+
+def _index(item: BatchItem) -> int:
+    return item.index
