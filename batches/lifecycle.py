@@ -130,7 +130,9 @@ def batch_finalize(*, batch_id: str) -> Batch | None:
     if not batch.outcome:
         if not batch_mark_complete_if_done(batch_id=batch.id):
             return None
-        batch.refresh_from_db()
+        # This call moved it, having seen no open item (and none opens again): publish.
+        batch.status, batch.outcome = Batch.Status.FINALIZING, Batch.Status.COMPLETED
+        return _publish(batch)
     if batch.outcome != Batch.Status.COMPLETED:
         # Stopping. Workers notice within a second and hand their items back with the GPU
         # time they spent (billed for deployments), so give them a short grace; then fence
