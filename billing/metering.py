@@ -64,9 +64,24 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
     return moment.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def _events(facts: Iterable[UsageFacts], now: dt.datetime) -> list[UsageEvent]:
+# The columns of an event row, in the order `_event_rows` gives their values.
+_EVENT_COLUMNS = (
+    "org_id",
+    "batch_id",
+    "item_id",
+    "attempt",
+    "revision_id",
+    "deployment_id",
+    "kind",
+    "quantity",
+    "created_at",
+)
+_EVENTS_PER_STATEMENT = 500
+
+
+def _event_rows(facts: Iterable[UsageFacts], at: Any) -> list[tuple[Any, ...]]:
     K = UsageEvent.Kind
-    events = []
+    rows = []
     for f in facts:
         tokens = f.outcome == "succeeded"
         for kind, quantity in (
@@ -76,20 +91,41 @@ def _events(facts: Iterable[UsageFacts], now: dt.datetime) -> list[UsageEvent]:
             (K.GPU_MICROSECONDS, f.gpu_microseconds),
         ):
             if quantity > 0:
-                events.append(
-                    UsageEvent(
-                        org_id=f.org_id,
-                        batch_id=f.batch_id,
-                        item_id=f.item_id,
-                        attempt=f.attempt,
-                        revision_id=f.revision_id,
-                        deployment_id=f.deployment_id,
-                        kind=kind,
-                        quantity=quantity,
-                        created_at=now,
+                rows.append(
+                    (
+                        f.org_id,
+                        f.batch_id,
+                        f.item_id,
+                        f.attempt,
+                        f.revision_id,
+                        f.deployment_id,
+                        str(kind),
+                        quantity,
+                        at,
                     )
                 )
-    return events
+    return rows
+
+
+def _events_insert(facts: Iterable[UsageFacts], now: dt.datetime) -> None:
+    """Append the facts' events: one multi-row INSERT of plain values per 500 events.
+
+    `bulk_create` built a model instance per event and prepared each of its values, up to
+    four events per item: most of the record stage's own time went there.
+    """
+    rows = _event_rows(facts, connection.ops.adapt_datetimefield_value(now))
+    quote = connection.ops.quote_name
+    table = quote(UsageEvent._meta.db_table)
+    columns = ", ".join(quote(UsageEvent._meta.get_field(c).column) for c in _EVENT_COLUMNS)  # type: ignore[union-attr,arg-type]
+    one = "(" + ", ".join(["%s"] * len(_EVENT_COLUMNS)) + ")"
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), _EVENTS_PER_STATEMENT):
+            chunk = rows[start : start + _EVENTS_PER_STATEMENT]
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608 (names are ours)
+                + ", ".join([one] * len(chunk)),
+                [value for row in chunk for value in row],
+            )
 
 
 RollupKey = tuple[dt.datetime, str, str, str]  # bucket, org, revision, deployment
@@ -146,7 +182,7 @@ def usage_record(*, facts: list[UsageFacts]) -> None:
             row["items_failed"] += 1
         row["gpu_microseconds"] += f.gpu_microseconds
     with transaction.atomic():
-        UsageEvent.objects.bulk_create(_events(facts, now), batch_size=500)
+        _events_insert(facts, now)
         _rollup_add(sums)
 
 
