@@ -240,25 +240,36 @@ def items_insert(*, shared: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     own = rows[0].keys()
     constant: dict[str, Any] = {}
     for f in fields:
-        if f.attname in own or (f.attname not in shared and callable(f.default)):
+        # A field without a default has NOT_PROVIDED there, a class: callable, yet constant.
+        per_row_default = f.has_default() and callable(f.default)
+        if f.attname in own or (f.attname not in shared and per_row_default):
             continue
         fixed = shared[f.attname] if f.attname in shared else f.get_default()
         constant[f.attname] = f.get_db_prep_save(fixed, connection)
-    # Per field, decided once: (field, a row's own value?, plain when an int or a str?)
-    kinds = [(f, f.attname in own, f.get_internal_type() in _PLAIN_FIELDS) for f in fields]
+    # The constant values fill a template row once. Per field of a row's own or with a
+    # callable default, decided once: (position, field, its attname, a row's own value?,
+    # plain: an int, a str or None goes to the database as it is).
+    template = [constant.get(f.attname) for f in fields]
+    varying = [
+        (position, f, f.attname, f.attname in own, f.get_internal_type() in _PLAIN_FIELDS)
+        for position, f in enumerate(fields)
+        if f.attname not in constant
+    ]
 
-    def value(f: Any, from_row: bool, plain: bool, row: dict[str, Any]) -> Any:
-        if f.attname in constant:
-            return constant[f.attname]
-        raw = row[f.attname] if from_row else f.get_default()
-        if plain and type(raw) in (int, str):
-            return raw
-        return f.get_db_prep_save(raw, connection)
+    def prepared(row: dict[str, Any]) -> list[Any]:
+        values = template.copy()
+        for position, f, name, from_row, plain in varying:
+            raw = row[name] if from_row else f.get_default()
+            if plain and (raw is None or type(raw) in (int, str)):
+                values[position] = raw
+            else:
+                values[position] = f.get_db_prep_save(raw, connection)
+        return values
 
     quote = connection.ops.quote_name
     table = quote(BatchItem._meta.db_table)
     columns = ", ".join(quote(f.column) for f in fields)
-    values = ([value(*kind, row) for kind in kinds] for row in rows)
+    values = (prepared(row) for row in rows)
     # Only the model's own quoted table and column names are formatted in.
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":

@@ -76,6 +76,11 @@ def test_accepted_items_carry_their_own_values_shared_ones_and_defaults(api: Api
         (BatchItem.State.PENDING, 0, 0, False)
     }
     assert len({i.request_id for i in items}) == 5 and len({i.row_id for i in items}) == 5
+    # Fields without a default take their empty value (written once for every row).
+    assert {
+        (i.lease_owner, i.lease_expires_at, i.result, i.error_code, i.started_at, i.completed_at)
+        for i in items
+    } == {("", None, None, "", None, None)}
 
 
 @pytest.mark.django_db
