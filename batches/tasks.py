@@ -10,7 +10,7 @@ import logging
 
 import dramatiq
 
-from batches.items import EngineKey, keys_with_claimable_items
+from batches.items import EngineKey, key_has_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
 from batches.sweeps import sweep_work
 from webhooks.delivery import deliveries_due
@@ -41,6 +41,11 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     from batches.execution.finalizer import Finalizer
 
     key = EngineKey(revision_id, deployment_id)
+    # Most wake-ups find their work taken: a run sends one per full claim group so that idle
+    # workers join in, and the run itself claims the rest. Such a wake-up costs this one
+    # existence query, not a finalizer thread and a second query after it.
+    if not key_has_claimable_items(key):
+        return
     # Each batch is finalized here as soon as its last result is recorded, not after a trip
     # through the broker (batches.execution.finalizer); only what cannot finish here is sent.
     finalizer = Finalizer(not_ready=_finalize_later, failed=_finalize_now)
@@ -56,7 +61,7 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
             finalizer.submit(batch_id)
     finally:
         finalizer.close()
-    if key in keys_with_claimable_items():
+    if key_has_claimable_items(key):
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
 
 

@@ -29,6 +29,34 @@ def test_the_run_that_records_a_batchs_last_result_publishes_it(api: Api, catalo
         assert payload["request_counts"] == {"total": count, "completed": count, "failed": 0}
 
 
+def test_a_wake_up_whose_work_was_taken_costs_one_query(
+    api: Api, catalog_model, monkeypatch
+) -> None:
+    """A run sends a wake-up per full claim group, for idle workers; most find the run has
+    claimed everything. Each costs one existence query: no finalizer thread, no second
+    query for work left over."""
+    import threading
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    data = submit(api, rows(2))
+    engine_wake.fn(catalog_model.revision_id)
+    assert Batch.objects.get(id=data["id"]).status == Batch.Status.COMPLETED
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def watched(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", watched)
+    with CaptureQueriesContext(connection) as captured:
+        engine_wake.fn(catalog_model.revision_id)
+    assert len(captured.captured_queries) == 1
+    assert started == []
+
+
 def test_a_batch_not_ready_yet_is_handed_on_and_left_as_it_is(api: Api, catalog_model) -> None:
     data = submit(api, rows(2))
     batch = Batch.objects.get(id=data["id"])
