@@ -13,12 +13,13 @@ and the sweeper re-drives every batch that is done but not terminal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from collections.abc import Callable
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from batches.lifecycle import NotReady, batch_finalize
 
@@ -54,6 +55,10 @@ class Finalizer:
 
     def _run(self) -> None:
         try:
+            # Connect now, while the run generates, not after the batch's last result (a new
+            # PostgreSQL connection took ~10 ms before the first statement could run).
+            with contextlib.suppress(DatabaseError):
+                connection.ensure_connection()
             while (batch_id := self._queue.get()) is not None:
                 self._finalize(batch_id)
         finally:
