@@ -42,7 +42,7 @@ def claim_statements() -> ClaimStatements:
 
 
 def claimable_params(revision_id: str, deployment_id: str, now: dt.datetime) -> list[Any]:
-    """The parameters of `_claimable_where`, in its order."""
+    """The values of the claimable conditions every statement starts with, in their order."""
     return [
         revision_id,
         deployment_id,

@@ -95,7 +95,7 @@ def _fair_candidates(key: EngineKey, now: dt.datetime, limit: int) -> list[tuple
                 [*where, *taken, limit - len(chosen)],
             )
             chosen.extend(cursor.fetchall())
-    return [(pk, attempts) for pk, attempts in chosen]
+    return chosen
 
 
 def items_claim_group(
