@@ -27,8 +27,6 @@ from boardwalk.faultpoints import fault_point
 
 logger = logging.getLogger(__name__)
 
-OPEN_STATES = (BatchItem.State.PENDING, BatchItem.State.RUNNING)
-
 
 @dataclass(frozen=True)
 class EngineKey:
@@ -506,7 +504,7 @@ def item_release(*, item: BatchItem, worker_id: str, gpu_seconds: float = 0.0) -
 
 
 def batch_has_open_items(*, batch_id: str) -> bool:
-    return BatchItem.objects.filter(batch_id=batch_id, state__in=OPEN_STATES).exists()
+    return BatchItem.objects.open().filter(batch_id=batch_id).exists()
 
 
 def batches_without_open_items(*, batch_ids: Iterable[str]) -> set[str]:
@@ -515,7 +513,8 @@ def batches_without_open_items(*, batch_ids: Iterable[str]) -> set[str]:
     if not wanted:
         return set()
     open_ = set(
-        BatchItem.objects.filter(batch_id__in=wanted, state__in=OPEN_STATES)
+        BatchItem.objects.open()
+        .filter(batch_id__in=wanted)
         .values_list("batch_id", flat=True)
         .distinct()
     )
@@ -535,6 +534,27 @@ def batch_revoke_leases(*, batch_id: str) -> int:
         lease_owner="",
         lease_expires_at=None,
         lease_token=F("lease_token") + 1,
+    )
+
+
+def batch_end_open_items(*, batch_id: str, code: str) -> int:
+    """End every item of a stopping batch that will never run: `failed` with `code`.
+
+    Called in the transaction that makes the batch terminal, so the queue never holds work
+    of a batch that ended (cancelled and expired batches left it `pending` for good). The
+    lease token moves on too: a result still on its way is refused by the fence.
+    """
+    return (
+        BatchItem.objects.open()
+        .filter(batch_id=batch_id)
+        .update(
+            state=BatchItem.State.FAILED,
+            error_code=code,
+            lease_owner="",
+            lease_expires_at=None,
+            lease_token=F("lease_token") + 1,
+            completed_at=clock.now(),
+        )
     )
 
 

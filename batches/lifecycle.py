@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from batches.items import (
+    batch_end_open_items,
     batch_has_open_items,
     batch_live_leases,
     batch_revoke_leases,
@@ -231,6 +232,8 @@ def _publish(batch: Batch) -> Batch:
             **{f"{terminal}_at": now},
         )
         if moved:
+            # What never ran ends with the batch, as the error file says it did.
+            batch_end_open_items(batch_id=batch.id, code=stop_code or ItemCode.INTERNAL_ERROR)
             items_set_charges(charges)
             BatchItem.objects.filter(id__in=published).update(published=True)
             credit_settle(

@@ -21,7 +21,7 @@ THROUGHPUT_WINDOW = dt.timedelta(seconds=60)
 def collect() -> list[Family]:
     now = clock.now()
     per_state = (
-        BatchItem.objects.filter(state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+        BatchItem.objects.live()
         .values("revision_id_key", "state")
         .annotate(count=Count("id"))
         .order_by("revision_id_key", "state")
@@ -37,9 +37,11 @@ def collect() -> list[Family]:
         )
         (waiting if pending else running).append(sample)
 
-    oldest = BatchItem.objects.filter(state=BatchItem.State.PENDING).aggregate(
-        since=Min("batch__created_at")
-    )["since"]
+    oldest = (
+        BatchItem.objects.live()
+        .filter(state=BatchItem.State.PENDING)
+        .aggregate(since=Min("batch__created_at"))["since"]
+    )
     age = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
 
     seconds = THROUGHPUT_WINDOW.total_seconds()

@@ -109,6 +109,21 @@ class Batch(models.Model):
         return self.id.encode()
 
 
+class BatchItemQuerySet(models.QuerySet["BatchItem"]):
+    def open(self) -> BatchItemQuerySet:
+        """Items that may still run: pending or running."""
+        return self.filter(state__in=BatchItem.OPEN)
+
+    def live(self) -> BatchItemQuerySet:
+        """Open items of batches still running: the work the queue really holds.
+
+        A stopping batch's open items (cancel, expiry, failure) never run again and end
+        `failed` when it is published; every count of queued work (capacity, metrics, the
+        dashboard, the sweeper) reads this, never the bare item states.
+        """
+        return self.open().filter(batch__status=Batch.Status.IN_PROGRESS, batch__outcome="")
+
+
 class BatchItem(models.Model):
     """One input line. Claimed with a lease; its result is written under a fencing token."""
 
@@ -118,6 +133,7 @@ class BatchItem(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
+    OPEN = (State.PENDING, State.RUNNING)
     DONE = (State.SUCCEEDED, State.FAILED)
 
     # Indexes are few on purpose: a result write changes `state`, so it is never a HOT
@@ -161,6 +177,8 @@ class BatchItem(models.Model):
     charge_microusd = models.BigIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = BatchItemQuerySet.as_manager()
 
     class Meta:
         ordering = ["batch", "index"]

@@ -62,12 +62,15 @@ def batches_page(*, org: Organization, limit: int, after: str | None) -> tuple[l
     return rows[:limit], len(rows) > limit
 
 
+def _receipted(org: Organization) -> QuerySet[BatchItem]:
+    """The rows with a receipt: every published row and every other row that was charged
+    (a deployment pays the GPU time of stopped work), so a batch's receipts add up to its
+    charge."""
+    return BatchItem.objects.filter(Q(published=True) | Q(charge_microusd__gt=0), org_id_key=org.id)
+
+
 def receipt_get_for_org(*, org: Organization, request_id: str) -> BatchItem:
-    item = (
-        BatchItem.objects.filter(org_id_key=org.id, request_id=request_id, published=True)
-        .select_related("batch")
-        .first()
-    )
+    item = _receipted(org).filter(request_id=request_id).select_related("batch").first()
     if item is None:
         raise NotFound(f"No request with id {request_id!r}.", param="request_id")
     return item
@@ -76,15 +79,11 @@ def receipt_get_for_org(*, org: Organization, request_id: str) -> BatchItem:
 def receipts_page(
     *, org: Organization, batch_id: str | None, limit: int, after: str | None
 ) -> tuple[list[BatchItem], bool]:
-    queryset = BatchItem.objects.filter(org_id_key=org.id, published=True).select_related("batch")
+    queryset = _receipted(org).select_related("batch")
     if batch_id:
         queryset = queryset.filter(batch_id=batch_id)
     queryset = queryset.order_by("-completed_at", "-id")
-    cursor = (
-        BatchItem.objects.filter(org_id_key=org.id, request_id=after, published=True).first()
-        if after
-        else None
-    )
+    cursor = _receipted(org).filter(request_id=after).first() if after else None
     rows = list(
         _after(queryset, after=after, row=cursor, fields=("completed_at", "id"))[: limit + 1]
     )

@@ -61,7 +61,10 @@ def receipt_payload(item: BatchItem) -> dict[str, Any]:
         "batch_id": item.batch_id,
         "custom_id": item.custom_id,
         "model_config_id": item.revision_id_key,
-        "status_code": 200,
+        # A row in the output file; else a charged row that is not (GPU time of a
+        # deployment's cancelled or stopped work) and its item code.
+        "status_code": 200 if item.published else None,
+        "error_code": None if item.published else (item.error_code or None),
         "usage": usage_payload(
             prompt=item.usage_prompt_tokens,
             cached=item.usage_cached_tokens,

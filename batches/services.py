@@ -224,7 +224,7 @@ def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
             code=ErrorCode.PRIVATE_BATCH_TOO_LARGE,
             retryable=False,  # the same file never fits: the SDK must not resend it
         )
-    queued = BatchItem.objects.filter(state=BatchItem.State.PENDING).count()
+    queued = BatchItem.objects.live().filter(state=BatchItem.State.PENDING).count()
     if queued + len(plan.items) > settings.MAX_QUEUED_ITEMS:
         raise CapacityExceeded(
             "The batch queue is full right now; retry later.",

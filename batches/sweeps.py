@@ -63,7 +63,7 @@ def sweep_work(*, only: Collection[str] = SWEEP_KINDS) -> SweepReport:
         # Batches whose last item finished while their finalize message was lost.
         idle = (
             Batch.objects.filter(status=Batch.Status.IN_PROGRESS, outcome="")
-            .exclude(items__state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+            .exclude(items__state__in=BatchItem.OPEN)
             .values_list("id", flat=True)
         )
         for batch_id in list(idle):

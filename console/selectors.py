@@ -150,7 +150,7 @@ def _window(period: Period, org: Organization | None) -> tuple[dt.datetime, dt.d
 
 
 def queue_health(*, org: Organization | None = None) -> Queue:
-    items = BatchItem.objects.filter(state__in=(BatchItem.State.PENDING, BatchItem.State.RUNNING))
+    items = BatchItem.objects.live()
     if org is not None:
         items = items.filter(org_id_key=org.id)
     counts = dict(items.values("state").annotate(n=Count("id")).values_list("state", "n"))
