@@ -10,7 +10,7 @@ import logging
 
 import dramatiq
 
-from batches.items import EngineKey, key_has_claimable_items
+from batches.items import EngineKey, key_has_claimable_items, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
 from batches.sweeps import sweep_work
 from webhooks.delivery import deliveries_due
@@ -63,6 +63,29 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
         finalizer.close()
     if key_has_claimable_items(key):
         engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
+
+
+def join_waiting_work() -> set[EngineKey]:
+    """An idle worker process asks for the work that waits: one wake-up per engine key with
+    claimable items, sent only while no thread of this process runs an engine.
+
+    A run sends a wake-up per full claim group so that idle workers join in, but a wake-up
+    can miss them: a busy process with a spare thread takes it and finds its key already
+    served, a message is lost, a worker starts after the last one was sent. The liveness
+    beat calls this every second, so an idle process joins within a beat or two (and is
+    warm when the busy one dies) instead of at the next sweep. A busy process with one
+    thread cannot fetch the message, so an idle consumer takes it; one that finds nothing
+    left costs one existence query.
+    """
+    # Imported here: only worker processes run engines (the web process never imports them).
+    from batches.execution import serving_nothing
+
+    if not serving_nothing():
+        return set()
+    keys = keys_with_claimable_items()
+    for key in sorted(keys, key=lambda k: (k.revision_id, k.deployment_id)):
+        engine_wake.send(key.revision_id, key.deployment_id)
+    return keys
 
 
 def _finalize_now(batch_id: str) -> None:

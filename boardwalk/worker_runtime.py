@@ -22,7 +22,7 @@ from batches.liveness import (
     worker_beat,
     worker_leave,
 )
-from batches.tasks import engine_wake, sweep
+from batches.tasks import engine_wake, join_waiting_work, sweep
 from boardwalk.broker import setup_broker
 from files.tasks import file_count_tokens
 
@@ -78,6 +78,7 @@ class Liveness(threading.Thread):
                     last_beat = time.monotonic()
                     for key in dead_workers_recover(me=self.process) if on_time else ():
                         engine_wake.send(key.revision_id, key.deployment_id)
+                    join_waiting_work()
                 except Exception as exc:
                     logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)
                     connection.close()

@@ -13,6 +13,6 @@
   (`record.usage_recorded`); decides "no open item left" once per batch.
 """
 
-from batches.execution.pipeline import serve_key
+from batches.execution.pipeline import serve_key, serving_nothing
 
-__all__ = ["serve_key"]
+__all__ = ["serve_key", "serving_nothing"]

@@ -53,6 +53,12 @@ _serving: set[EngineKey] = set()
 _serving_lock = threading.Lock()
 
 
+def serving_nothing() -> bool:
+    """Whether no thread of this process is running an engine for any key right now."""
+    with _serving_lock:
+        return not _serving
+
+
 def serve_key(
     key: EngineKey,
     *,

@@ -429,11 +429,13 @@ class Stack:
             conn.close()
 
     def spawn_worker(self, **env: str) -> Proc:
-        """Start a worker without waiting for it (it loads torch meanwhile)."""
+        """Start a worker without waiting for it (it loads torch meanwhile). It sweeps every
+        second unless `env` sets BOARDWALK_SWEEP_INTERVAL_SECONDS (production: 15 s)."""
         name = f"worker-{len(self.procs)}"
-        proc = self._spawn(
-            name, ["run_worker", "--threads", "1", "--sweep-interval", "1"], self.env(**env)
-        )
+        args = ["run_worker", "--threads", "1"]
+        if "BOARDWALK_SWEEP_INTERVAL_SECONDS" not in env:
+            args += ["--sweep-interval", "1"]
+        proc = self._spawn(name, args, self.env(**env))
         proc.extra = dict(env)
         return proc
 

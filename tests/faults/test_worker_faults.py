@@ -121,6 +121,55 @@ def test_kill_9_of_a_worker_at_random_moments(stack: Stack, catalog_model, scena
     record.assert_clean()
 
 
+def _all_working(workers: list[Proc], batch_ids: list[str]) -> bool:
+    """Every worker holds leases (or every batch is done, which the caller reports)."""
+    return all(leased_by(w) for w in workers) or all(items_done(b) >= JOIN_ITEMS for b in batch_ids)
+
+
+JOIN_RUNS = int(os.environ.get("FAULTS_JOIN_RUNS", "3"))
+JOIN_ITEMS = 300
+
+
+def test_an_idle_worker_joins_waiting_work_and_takes_over_a_killed_one(
+    stack: Stack, catalog_model, scenario
+):
+    """Two fresh workers with production settings (60 s lease, 15 s sweep) and two batches:
+    both take part without any wake-up reaching the second by luck, and when the one doing
+    the work is killed the other (never warmed by hand) carries on within seconds."""
+    record = scenario("idle worker joins, kill -9")
+    record.notes.append("production lease 60 s, sweep 15 s; recovery = kill to first re-claim")
+    client = _client(stack)
+    production = {
+        "BOARDWALK_ITEM_LEASE_SECONDS": str(DEFAULT_LEASE),
+        "BOARDWALK_SWEEP_INTERVAL_SECONDS": "15",
+    }
+    joins: list[float] = []
+    for run in range(JOIN_RUNS):
+        stack.tidy(workers=True)
+        workers = stack.workers(production, production)
+        since = time.monotonic()
+        rows = [batch_rows(JOIN_ITEMS, tag=f"j{run}{b}-") for b in "ab"]
+        batch_ids = [submit(client, r, key=f"join-{run}-{i}") for i, r in enumerate(rows)]
+        wait_for(
+            lambda: _all_working(workers, batch_ids),  # noqa: B023 - called in this iteration
+            timeout=120,
+            what="both workers to hold leases",
+        )
+        assert all(items_done(b) < JOIN_ITEMS for b in batch_ids), "finished before both joined"
+        joins.append(time.monotonic() - since)
+        victim = max(workers, key=lambda w: len(leased_by(w)))
+        held = leased_by(victim)
+        since = time.monotonic()
+        victim.kill9()
+        recovery = time_to_reclaim(held, victim, since)
+        if recovery is not None:
+            record.recovery.append(recovery)
+        for batch_id, r in zip(batch_ids, rows, strict=True):
+            record.add(check_run(client, batch_id, r))
+    record.notes.append(f"second worker joined {max(joins):.1f} s after submit at most")
+    record.assert_clean()
+
+
 def test_worker_paused_past_its_lease_then_resumed(stack: Stack, catalog_model, scenario):
     client = _client(stack)
     workers = stack.workers({}, {})
