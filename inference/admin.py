@@ -9,6 +9,7 @@ from django import forms
 from django.contrib import admin
 
 from boardwalk.errors import BoardwalkError
+from inference.inspection import InspectionRefused, model_inspect
 from inference.models import CatalogModel, Deployment, ModelRevision
 from inference.services import (
     catalog_model_create,
@@ -33,8 +34,45 @@ class _NewNameForm(forms.ModelForm):
         return name
 
 
+class ModelRevisionForm(forms.ModelForm):
+    """Checks the directory the way `manage.py model inspect` does (inference.inspection):
+    a revision the engine would refuse cannot be created here either."""
+
+    class Meta:
+        model = ModelRevision
+        fields = (
+            "label",
+            "weights",
+            "weights_revision",
+            "tokenizer",
+            "chat_template",
+            "context_length",
+            "dtype",
+            "modalities",
+            "tool_call_format",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        weights, context = data.get("weights"), data.get("context_length")
+        if not weights or not context:
+            return data
+        try:
+            found = model_inspect(
+                weights, context_length=context, dtype=data.get("dtype") or "auto"
+            )
+        except InspectionRefused as exc:
+            raise forms.ValidationError(f"This model cannot be served: {exc}") from exc
+        if data.get("tool_call_format") and not found.tool_call_format:
+            self.add_error(
+                "tool_call_format", "The model's chat template renders no <tool_call> markup."
+            )
+        return data
+
+
 @admin.register(ModelRevision)
 class ModelRevisionAdmin(admin.ModelAdmin):
+    form = ModelRevisionForm
     list_display = ("id", "label", "context_length", "dtype", "modalities", "created_at")
     search_fields = ("id", "label")
     list_filter = ("dtype",)

@@ -55,7 +55,7 @@ def media_layout(directory: Path) -> MediaLayout | None:
 
     Raises LayoutUnavailable when the files cannot be read.
     """
-    config = _json(directory / "config.json")
+    config = json_object(directory / "config.json")
     modality = ENGINE_MEDIA_ARCHITECTURES.get(str(config.get("model_type")))
     if modality is None:
         return None
@@ -82,7 +82,8 @@ def media_layout(directory: Path) -> MediaLayout | None:
     )
 
 
-def _json(path: Path) -> dict[str, Any]:
+def json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; LayoutUnavailable when it cannot be read as one."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -95,15 +96,15 @@ def _json(path: Path) -> dict[str, Any]:
 def _feature_extractor_config(directory: Path) -> dict[str, Any]:
     # transformers 5 nests it in processor_config.json; older saves have a file of its own.
     if (directory / "preprocessor_config.json").is_file():
-        return _json(directory / "preprocessor_config.json")
-    nested = _json(directory / "processor_config.json").get("feature_extractor")
+        return json_object(directory / "preprocessor_config.json")
+    nested = json_object(directory / "processor_config.json").get("feature_extractor")
     if not isinstance(nested, dict):
         raise LayoutUnavailable("the processor has no feature extractor")
     return nested
 
 
 def _added_tokens(directory: Path) -> dict[int, str]:
-    added = _json(directory / "tokenizer.json").get("added_tokens") or []
+    added = json_object(directory / "tokenizer.json").get("added_tokens") or []
     return {int(t["id"]): str(t["content"]) for t in added if isinstance(t, dict)}
 
 

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess
+from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
@@ -151,3 +152,17 @@ def tokenizer_for(revision: ModelRevision) -> Any:
         while len(_tokenizers) > 8:
             _tokenizers.popitem(last=False)
     return tokenizer
+
+
+def revision_check(revision: ModelRevision, *, tokens: int = 4) -> GenerationResult:
+    """Load `revision` in this process exactly as a worker would and generate `tokens`
+    greedy tokens for one short chat prompt: proof that it loads and runs on this machine's
+    device (`manage.py model add --check`). Raises ModelLoadError when it does not load."""
+    model, tokenizer = _load(revision)
+    engine = Engine(model, tokenizer, processor=_processor(revision), **_engine_options(revision))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    request = GenerationRequest("check", ids, SamplingParams(max_new_tokens=tokens, temperature=0))
+    return next(iter(engine.generate([request])))

@@ -1,0 +1,225 @@
+"""What a local Hugging Face model directory would be as a revision, without loading weights.
+
+`model_inspect(path)` reads `config.json`, `generation_config.json`, the tokenizer files and the
+safetensors headers (a few KiB each, whatever the weights weigh) and either describes the
+revision (`Inspection`) or refuses with the reason (`InspectionRefused`). `manage.py model` and
+the admin's revision form both call it, so neither creates a revision the engine would refuse.
+No torch, no transformers model code, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inference.engine.families import context_length_of, kv_heads_of, refusal, text_config
+from inference.media_layout import LayoutUnavailable, json_object, media_layout
+from inference.tokenization import ChatTokenizer, TokenizerUnavailable
+
+# Bytes per element of the dtypes safetensors and configs name.
+_ELEMENT_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2,
+}  # fmt: skip
+_DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth")
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+
+class InspectionRefused(Exception):
+    """The directory cannot become a revision; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Inspection:
+    path: str
+    architecture: str
+    model_type: str
+    context_length: int
+    dtype: str
+    parameters: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    modalities: list[str]
+    tool_call_format: str
+    eos_token_ids: list[int]
+    quantization: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def revision_fields(self, *, label: str) -> dict[str, Any]:
+        """The fields of a `ModelRevision` built from this inspection."""
+        return {
+            "label": label,
+            "weights": self.path,
+            "context_length": self.context_length,
+            "dtype": self.dtype,
+            "modalities": self.modalities,
+            "tool_call_format": self.tool_call_format,
+        }
+
+
+def model_inspect(
+    path: str | Path, *, context_length: int | None = None, dtype: str | None = None
+) -> Inspection:
+    """Describe `path` as a revision, or raise InspectionRefused naming the reason."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise InspectionRefused(f"{directory} is not a directory (download the model first)")
+    directory = directory.resolve()
+    config = _json(directory / "config.json", required=True)
+    model_type = str(config.get("model_type") or "")
+    native = context_length_of(config)
+    if context_length is None:
+        if native is None:
+            raise InspectionRefused(
+                "config.json names no context length (max_position_embeddings); "
+                "pass --context-length"
+            )
+        context_length = native
+    if context_length <= 0 or (native is not None and context_length > native):
+        raise InspectionRefused(
+            f"context length {context_length} must be between 1 and the model's {native}"
+        )
+    reason = refusal(config, context_length=context_length)
+    if reason:
+        raise InspectionRefused(reason)
+    parameters, weight_bytes, stored_dtype = _weights(directory)
+    chosen_dtype = dtype or "auto"
+    if chosen_dtype != "auto" and chosen_dtype.lower() not in _ELEMENT_BYTES:
+        raise InspectionRefused(
+            f"unknown dtype {chosen_dtype!r}; use auto, bfloat16, float16 or float32"
+        )
+    tokenizer = _tokenizer(directory)
+    layout = _media_layout(directory)
+    modalities = ["text", *([layout.modality] if layout else [])]
+    quantization = config.get("quantization_config") or None
+    return Inspection(
+        path=str(directory),
+        architecture=str((config.get("architectures") or [model_type])[0]),
+        model_type=model_type,
+        context_length=context_length,
+        dtype=chosen_dtype,
+        parameters=parameters,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=_kv_bytes_per_token(config, chosen_dtype, stored_dtype),
+        modalities=modalities,
+        tool_call_format="hermes" if "<tool_call>" in tokenizer.chat_template else "",
+        eos_token_ids=_eos_ids(directory, config),
+        quantization=_quantization(quantization),
+        notes=_notes(chosen_dtype, stored_dtype),
+    )
+
+
+def _json(path: Path, *, required: bool = False) -> dict[str, Any]:
+    if not path.exists():
+        if required:
+            raise InspectionRefused(f"{path.name} is missing in {path.parent}")
+        return {}
+    try:
+        return json_object(path)
+    except LayoutUnavailable as exc:
+        raise InspectionRefused(f"{exc} (it must be a JSON object)") from exc
+
+
+def _weights(directory: Path) -> tuple[int, int, str]:
+    """(parameters, bytes, stored dtype) from the safetensors headers."""
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        if any(next(directory.glob(pattern), None) for pattern in _PICKLED_WEIGHTS):
+            raise InspectionRefused(
+                "the weights are pickled (.bin/.pt), which the engine does not load; "
+                "convert them to safetensors"
+            )
+        raise InspectionRefused(f"no weights (*.safetensors) in {directory}")
+    parameters = weight_bytes = 0
+    dtypes: dict[str, int] = {}
+    for file in files:
+        for name, tensor in _safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in tensor["shape"]:
+                count *= int(dim)
+            parameters += count
+            start, end = tensor["data_offsets"]
+            weight_bytes += int(end) - int(start)
+            dtypes[tensor["dtype"]] = dtypes.get(tensor["dtype"], 0) + count
+    stored = max(dtypes, key=lambda d: dtypes[d]) if dtypes else "F32"
+    return parameters, weight_bytes, _DTYPE_NAMES.get(stored, stored)
+
+
+def _safetensors_header(file: Path) -> dict[str, Any]:
+    try:
+        with file.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > MAX_HEADER_BYTES:
+                raise ValueError("header too large")
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError, struct.error) as exc:
+        raise InspectionRefused(f"{file.name} is not a readable safetensors file") from exc
+    if not isinstance(header, dict):
+        raise InspectionRefused(f"{file.name} is not a readable safetensors file")
+    return header
+
+
+def _tokenizer(directory: Path) -> ChatTokenizer:
+    if not (directory / "tokenizer.json").exists():
+        raise InspectionRefused(
+            "tokenizer.json is missing: the web tier counts prompt tokens with the fast "
+            "tokenizer's file (save the tokenizer with transformers to write it)"
+        )
+    try:
+        return ChatTokenizer(directory)
+    except TokenizerUnavailable as exc:
+        if "no chat template" in str(exc):
+            raise InspectionRefused(
+                "the tokenizer has no chat template (a base model, not a chat model): add one "
+                "as chat_template.jinja or in tokenizer_config.json"
+            ) from exc
+        raise InspectionRefused(f"the tokenizer does not load offline: {exc}") from exc
+
+
+def _media_layout(directory: Path) -> Any:
+    try:
+        return media_layout(directory)
+    except LayoutUnavailable as exc:
+        raise InspectionRefused(f"the model's media encoder cannot be used: {exc}") from exc
+
+
+def _kv_bytes_per_token(config: dict[str, Any], dtype: str, stored: str) -> int:
+    text = text_config(config)
+    layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0)
+    heads = int(text.get("num_attention_heads") or text.get("n_head") or 1)
+    hidden = int(text.get("hidden_size") or text.get("n_embd") or 0)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    # `auto` serves bf16 on a GPU (loading.resolve_dtype); the figure is for a GPU.
+    name = "bfloat16" if dtype == "auto" else dtype.lower()
+    return layers * kv_heads_of(config) * head_dim * 2 * _ELEMENT_BYTES.get(name, 2)
+
+
+def _eos_ids(directory: Path, config: dict[str, Any]) -> list[int]:
+    generation = _json(directory / "generation_config.json")
+    value = generation.get("eos_token_id", config.get("eos_token_id"))
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def _quantization(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not config:
+        return None
+    keys = ("quant_method", "bits", "load_in_8bit", "load_in_4bit", "group_size")
+    return {k: config[k] for k in keys if k in config}
+
+
+def _notes(dtype: str, stored: str) -> list[str]:
+    if dtype == "auto":
+        return [f"weights stored as {stored}; auto serves bfloat16 on a GPU, float32 on a CPU"]
+    return []
