@@ -24,8 +24,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -33,7 +32,8 @@ import torch
 from .allocator import keep_freed_memory
 from .kv import BlockPool, PagedCache, block_digest
 from .media import MediaEncoder
-from .sampling import RowSampling, row_sampling, sample
+from .sampling import row_sampling, sample
+from .sequence import Failed, Request, Sequence, age, rows_held
 from .types import (
     ERROR_CONTEXT_LENGTH,
     ERROR_INTERNAL,
@@ -56,61 +56,6 @@ _CPU_KV_BYTES = 2 * 1024**3
 # On a GPU, the share of the memory free after the weights that keys and values may take; the
 # rest is left to activations (the gathered context of one layer at a time, and logits).
 _GPU_MEMORY_FRACTION = 0.85
-
-
-@dataclass(eq=False)
-class _Request:
-    request: GenerationRequest
-    order: int = 0
-    choices: dict[int, Choice] = field(default_factory=dict)
-    busy: float = 0.0
-    cached_tokens: int = 0
-    forked: bool = False
-    reported: bool = False
-    features: dict[int, torch.Tensor] = field(default_factory=dict)  # media index → encoded
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.request.prompt_ids
-
-    @property
-    def n(self) -> int:
-        return self.request.params.n
-
-
-@dataclass(eq=False)
-class _Sequence:
-    owner: _Request
-    choice: int
-    sampling: RowSampling
-    tokens: list[int] = field(default_factory=list)  # generated so far
-    blocks: list[int] = field(default_factory=list)  # the block table
-    digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
-    prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
-    computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
-    preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
-
-    @property
-    def length(self) -> int:
-        return len(self.owner.prompt) + len(self.tokens)
-
-    def span(self, lo: int, hi: int) -> list[int]:
-        """Tokens [lo, hi) of prompt + generated, without building the whole list."""
-        prompt = self.owner.prompt
-        p = len(prompt)
-        if hi <= p:
-            return prompt[lo:hi]
-        head = prompt[lo:] if lo < p else []
-        return head + self.tokens[max(lo - p, 0) : hi - p]
-
-
-@dataclass
-class _Failed:
-    owners: list[_Request] = field(default_factory=list)
-
-    def add(self, owner: _Request) -> None:
-        if owner not in self.owners:
-            self.owners.append(owner)
 
 
 class Engine:
@@ -225,8 +170,8 @@ class Engine:
         (context_length_exceeded, invalid_request) are yielded immediately as error results.
         """
         source = iter(requests)
-        running: list[_Sequence] = []
-        waiting: deque[_Request] = deque()
+        running: list[Sequence] = []
+        waiting: deque[Request] = deque()
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
         work_since_poll = float("inf")
@@ -242,7 +187,7 @@ class Engine:
                     work_since_poll = 0.0
                     yield from self._abort(running, waiting, aborted_ids)
 
-                in_use = _rows(running) + sum(r.n for r in waiting)
+                in_use = rows_held(running) + sum(r.n for r in waiting)
                 while in_use < self.max_batch_size and not exhausted:
                     try:
                         request = next(source)
@@ -253,9 +198,9 @@ class Engine:
                         break
                     error = self._invalid(request)
                     if error or request.id in aborted_ids:
-                        yield _empty_result(_Request(request), error=error, aborted=not error)
+                        yield _empty_result(Request(request), error=error, aborted=not error)
                         continue
-                    waiting.append(_Request(request))
+                    waiting.append(Request(request))
                     in_use += request.params.n
 
                 yield from self._admit(running, waiting)
@@ -279,7 +224,7 @@ class Engine:
                 self._pool.release(seq.blocks)
                 seq.blocks = []
 
-    def _account(self, began: float, sequences: list[_Sequence]) -> float:
+    def _account(self, began: float, sequences: list[Sequence]) -> float:
         spent = time.perf_counter() - began
         if not sequences:
             return spent
@@ -289,7 +234,7 @@ class Engine:
             seq.owner.busy += share
         return spent
 
-    def _results(self, finished: list[_Sequence]) -> Iterator[GenerationResult]:
+    def _results(self, finished: list[Sequence]) -> Iterator[GenerationResult]:
         for seq in finished:
             owner = seq.owner
             if len(owner.choices) == owner.n and not owner.reported:
@@ -335,11 +280,11 @@ class Engine:
         return None
 
     def _abort(
-        self, running: list[_Sequence], waiting: deque[_Request], ids: frozenset[str]
+        self, running: list[Sequence], waiting: deque[Request], ids: frozenset[str]
     ) -> Iterator[GenerationResult]:
         if not ids:
             return
-        owners: list[_Request] = []
+        owners: list[Request] = []
         for seq in running:
             if seq.owner.request.id in ids and seq.owner not in owners:
                 owners.append(seq.owner)
@@ -351,7 +296,7 @@ class Engine:
             owner.reported = True
             yield _empty_result(owner, aborted=True)
 
-    def _drop(self, running: list[_Sequence], owners: list[_Request]) -> None:
+    def _drop(self, running: list[Sequence], owners: list[Request]) -> None:
         """Take every sequence of these requests out of flight, releasing their blocks."""
         if not owners:
             return
@@ -367,13 +312,13 @@ class Engine:
     # -- admission --------------------------------------------------------------------------
 
     def _admit(
-        self, running: list[_Sequence], waiting: deque[_Request]
+        self, running: list[Sequence], waiting: deque[Request]
     ) -> Iterator[GenerationResult]:
         """Move waiting requests into flight while rows and memory allow, oldest first."""
         bs = self.block_size
         # Blocks the sequences already in flight still need for what they have to compute.
         pending = sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
-        rows = _rows(running)
+        rows = rows_held(running)
         while waiting:
             request = waiting[0]
             needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
@@ -393,7 +338,7 @@ class Engine:
             rows += request.n
             pending += needed
 
-    def _sequence(self, request: _Request, choice: int) -> _Sequence:
+    def _sequence(self, request: Request, choice: int) -> Sequence:
         sampling = row_sampling(
             request.request.params,
             choice=choice,
@@ -402,17 +347,17 @@ class Engine:
             device=self._device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
-        seq = _Sequence(owner=request, choice=choice, sampling=sampling)
+        seq = Sequence(owner=request, choice=choice, sampling=sampling)
         if self.prefix_cache and choice == 0:  # the other choices are forked from this one
             seq.prompt_digests = _prompt_digests(request.request, self.block_size)
         return seq
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _step(self, running: list[_Sequence]) -> tuple[list[_Sequence], list[_Sequence], _Failed]:
+    def _step(self, running: list[Sequence]) -> tuple[list[Sequence], list[Sequence], Failed]:
         """Schedule, run and sample one step. Returns the sequences that took part, those
         that finished and the requests that failed (already out of flight)."""
-        failed = _Failed()
+        failed = Failed()
         while True:
             work = self._schedule(running)
             try:
@@ -431,7 +376,7 @@ class Engine:
                     torch.cuda.empty_cache()
 
         stepped = [seq for seq, _ in work]
-        sampled: list[_Sequence] = []
+        sampled: list[Sequence] = []
         rows: list[torch.Tensor] = []
         for (seq, take), row in zip(work, logits, strict=True):
             if seq.owner in failed.owners:
@@ -462,7 +407,7 @@ class Engine:
         self._drop(running, failed.owners)
         return stepped, finished, failed
 
-    def _schedule(self, running: list[_Sequence]) -> list[tuple[_Sequence, int]]:
+    def _schedule(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
         """Pick (sequence, tokens to compute) for this step, reserving their blocks."""
         budget = self._step_tokens
         limit = self._step_rows
@@ -479,7 +424,7 @@ class Engine:
             self._preempt(victim)
             if victim in decoding:
                 decoding.remove(victim)
-        work: list[tuple[_Sequence, int]] = []
+        work: list[tuple[Sequence, int]] = []
         for seq in decoding:
             if self._grow(seq, 1):
                 work.append((seq, 1))
@@ -491,7 +436,7 @@ class Engine:
         if not work:
             # Every sequence is waiting for memory: free the youngest and go on with the rest.
             victim = self._youngest_holder(running)
-            if victim is not None and victim is not min(running, key=_age):
+            if victim is not None and victim is not min(running, key=age):
                 self._preempt(victim)
                 return self._schedule(running)
             raise RuntimeError("no sequence can be scheduled")  # cannot happen: see _invalid
@@ -499,8 +444,8 @@ class Engine:
 
     def _schedule_prompts(
         self,
-        running: list[_Sequence],
-        work: list[tuple[_Sequence, int]],
+        running: list[Sequence],
+        work: list[tuple[Sequence, int]],
         budget: int,
         limit: int,
         *,
@@ -515,7 +460,7 @@ class Engine:
         bs = self.block_size
         coming: set[bytes] = set()
         deferred = False
-        for seq in sorted(running, key=_age):
+        for seq in sorted(running, key=age):
             if budget <= 0 or len(work) >= limit:
                 break
             if seq.length - seq.computed <= 1:
@@ -534,14 +479,14 @@ class Engine:
                 budget -= take
         return deferred
 
-    def _blocks_needed(self, seq: _Sequence, tokens: int) -> int:
+    def _blocks_needed(self, seq: Sequence, tokens: int) -> int:
         bs = self.block_size
         needed = max(0, math.ceil((seq.computed + tokens) / bs) - len(seq.blocks))
         if seq.computed % bs and self._pool.refs[seq.blocks[seq.computed // bs]] > 1:
             needed += 1  # copy on write
         return needed
 
-    def _grow(self, seq: _Sequence, want: int) -> int:
+    def _grow(self, seq: Sequence, want: int) -> int:
         """Reserve blocks for the next `want` tokens of `seq`; returns how many fit."""
         pool, bs = self._pool, self.block_size
         start = seq.computed
@@ -562,7 +507,7 @@ class Engine:
             seq.blocks.append(block)
         return max(0, min(want, len(seq.blocks) * bs - start))
 
-    def _reuse_cached(self, seq: _Sequence) -> None:
+    def _reuse_cached(self, seq: Sequence) -> None:
         """Take cached blocks for the next full blocks of the sequence, as far as they match
         (leaving at least one token to compute, whose logits are needed)."""
         bs = self.block_size
@@ -581,7 +526,7 @@ class Engine:
             if counts_as_cached:
                 seq.owner.cached_tokens += bs
 
-    def _seal_blocks(self, seq: _Sequence) -> None:
+    def _seal_blocks(self, seq: Sequence) -> None:
         """Hash the blocks that became full and offer them to the prefix cache."""
         bs = self.block_size
         scope = seq.owner.request.cache_scope
@@ -592,7 +537,7 @@ class Engine:
             if self.prefix_cache:
                 self._pool.register(seq.blocks[i], digest)
 
-    def _digest(self, seq: _Sequence, index: int, scope: str) -> bytes:
+    def _digest(self, seq: Sequence, index: int, scope: str) -> bytes:
         """The digest of block `index` of the sequence; blocks before it are in seq.digests."""
         if index < len(seq.prompt_digests):
             return seq.prompt_digests[index]
@@ -601,17 +546,17 @@ class Engine:
         media = _media_key(seq.owner.request.media, lo, hi)
         return block_digest(parent, scope, seq.span(lo, hi), media)
 
-    def _youngest_holder(self, running: list[_Sequence]) -> _Sequence | None:
+    def _youngest_holder(self, running: list[Sequence]) -> Sequence | None:
         holders = [s for s in running if s.blocks]
-        return max(holders, key=_age) if holders else None
+        return max(holders, key=age) if holders else None
 
-    def _preempt(self, seq: _Sequence) -> None:
+    def _preempt(self, seq: Sequence) -> None:
         """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
         self._pool.release(seq.blocks)
         seq.blocks, seq.digests, seq.computed = [], [], 0
         seq.preempted = True
 
-    def _fork(self, seq: _Sequence) -> list[_Sequence]:
+    def _fork(self, seq: Sequence) -> list[Sequence]:
         """The other n-1 choices of a request, sharing the blocks of its prefilled prompt."""
         owner = seq.owner
         owner.forked = True
@@ -629,7 +574,7 @@ class Engine:
 
     # -- the forward ------------------------------------------------------------------------
 
-    def _run(self, work: list[tuple[_Sequence, int]], failed: _Failed) -> list[torch.Tensor | None]:
+    def _run(self, work: list[tuple[Sequence, int]], failed: Failed) -> list[torch.Tensor | None]:
         """Logits of the last computed position of each scheduled sequence (None for one
         whose forward failed). Decoding rows and prompt pieces run as two forwards, so one
         token rows are not padded to a prompt piece's length."""
@@ -661,7 +606,7 @@ class Engine:
                 logits[i] = out[row]
         return logits
 
-    def _forward(self, work: list[tuple[_Sequence, int]]) -> torch.Tensor:
+    def _forward(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
 
         Two layouts, whichever costs less (`_decode_padded`):
@@ -748,7 +693,7 @@ class Engine:
         return logits
 
     def _media_embeddings(
-        self, ids: torch.Tensor, work: list[tuple[_Sequence, int]], *, packed: bool
+        self, ids: torch.Tensor, work: list[tuple[Sequence, int]], *, packed: bool
     ) -> torch.Tensor | None:
         """Input embeddings with the placeholders of this step's media replaced by their
         features; None when no scheduled piece covers a placeholder (text stays on input_ids).
@@ -782,7 +727,7 @@ class Engine:
     # -- sampling and appending -------------------------------------------------------------
 
     def _sample(
-        self, logits: torch.Tensor, sequences: list[_Sequence], failed: _Failed
+        self, logits: torch.Tensor, sequences: list[Sequence], failed: Failed
     ) -> list[int | None]:
         samplings = [s.sampling for s in sequences]
         histories = [s.tokens for s in sequences]
@@ -804,13 +749,13 @@ class Engine:
 
     def _advance(
         self,
-        running: list[_Sequence],
-        sequences: list[_Sequence],
+        running: list[Sequence],
+        sequences: list[Sequence],
         tokens: list[int | None],
-        failed: _Failed,
-    ) -> list[_Sequence]:
+        failed: Failed,
+    ) -> list[Sequence]:
         """Append each sequence's new token; take out and return those that finished."""
-        finished: list[_Sequence] = []
+        finished: list[Sequence] = []
         for seq, token in zip(sequences, tokens, strict=True):
             if token is None or seq.owner in failed.owners:
                 continue
@@ -830,7 +775,7 @@ class Engine:
             running[:] = [s for s in running if id(s) not in done]
         return finished
 
-    def _append(self, seq: _Sequence, token: int) -> str | None:
+    def _append(self, seq: Sequence, token: int) -> str | None:
         seq.tokens.append(token)
         params = seq.owner.request.params
         stopped = token in self.eos_token_ids and not params.ignore_eos
@@ -868,7 +813,7 @@ class Engine:
         return text[: min(cuts)] if cuts else None
 
 
-def _media_key(media: Sequence[MediaInput], lo: int, hi: int) -> bytes:
+def _media_key(media: list[MediaInput], lo: int, hi: int) -> bytes:
     """The digests of the media whose placeholders fall in tokens [lo, hi): identical
     placeholder ids of different images must not share cached blocks. Later blocks differ
     too, through their parent's digest."""
@@ -916,18 +861,8 @@ def _prompt_digests(request: GenerationRequest, block_size: int) -> list[bytes]:
     return digests
 
 
-def _age(seq: _Sequence) -> tuple[int, int]:
-    return seq.owner.order, seq.choice
-
-
-def _rows(running: list[_Sequence]) -> int:
-    """Rows held by the requests in flight: n each, forked or not yet."""
-    owners = {id(s.owner): s.owner.n for s in running}
-    return sum(owners.values())
-
-
 def _empty_result(
-    request: _Request, *, error: str | None = None, aborted: bool = False
+    request: Request, *, error: str | None = None, aborted: bool = False
 ) -> GenerationResult:
     return GenerationResult(
         id=request.request.id,

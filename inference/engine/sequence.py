@@ -1,0 +1,86 @@
+"""The state of the work in flight: a request, and one sequence per choice it generates.
+
+Plain state, no behaviour beyond reading itself: the scheduler decides what a sequence computes
+next, the block manager (blocks.py) alone fills and empties its block table, and the engine
+appends its tokens and reports its request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import RowSampling
+from .types import Choice, GenerationRequest
+
+
+@dataclass(eq=False)
+class Request:
+    request: GenerationRequest
+    order: int = 0  # admission order in this `generate` call: older requests go first
+    choices: dict[int, Choice] = field(default_factory=dict)
+    busy: float = 0.0
+    cached_tokens: int = 0
+    forked: bool = False
+    reported: bool = False
+    features: dict[int, torch.Tensor] = field(default_factory=dict)  # media index → encoded
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def n(self) -> int:
+        return self.request.params.n
+
+
+@dataclass(eq=False)
+class Sequence:
+    owner: Request
+    choice: int
+    sampling: RowSampling
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    blocks: list[int] = field(default_factory=list)  # the block table
+    digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
+    prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
+    computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
+    preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
+
+    @property
+    def length(self) -> int:
+        return len(self.owner.prompt) + len(self.tokens)
+
+    def span(self, lo: int, hi: int) -> list[int]:
+        """Tokens [lo, hi) of prompt + generated, without building the whole list."""
+        prompt = self.owner.prompt
+        p = len(prompt)
+        if hi <= p:
+            return prompt[lo:hi]
+        head = prompt[lo:] if lo < p else []
+        return head + self.tokens[max(lo - p, 0) : hi - p]
+
+
+# What a step schedules: a sequence and how many of its next tokens to compute.
+Work = list[tuple[Sequence, int]]
+
+
+@dataclass
+class Failed:
+    """The requests whose own work raised during one step, in the order they failed."""
+
+    owners: list[Request] = field(default_factory=list)
+
+    def add(self, owner: Request) -> None:
+        if owner not in self.owners:
+            self.owners.append(owner)
+
+
+def age(seq: Sequence) -> tuple[int, int]:
+    return seq.owner.order, seq.choice
+
+
+def rows_held(running: list[Sequence]) -> int:
+    """Rows held by the requests in flight: n each, forked or not yet."""
+    owners = {id(s.owner): s.owner.n for s in running}
+    return sum(owners.values())
