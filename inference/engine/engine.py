@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from .allocator import keep_freed_memory
-from .kv import BlockPool, PagedCache, block_digest
+from .blocks import BlockManager
+from .kv import BlockPool, PagedCache
 from .media import MediaEncoder
 from .sampling import row_sampling, sample
 from .sequence import Failed, Request, Sequence, age, rows_held
@@ -44,7 +45,6 @@ from .types import (
     Choice,
     GenerationRequest,
     GenerationResult,
-    MediaInput,
 )
 
 logger = logging.getLogger(__name__)
@@ -135,13 +135,14 @@ class Engine:
             device=self._device,
         )
         self._cache = PagedCache(self._pool)
+        self._blocks = BlockManager(self._pool, prefix_cache=prefix_cache)
         self._order = 0
         self._step_rows = max_batch_size  # lowered for the rest of a call by out-of-memory
         self._step_tokens = self.max_step_tokens
 
     def clear_prefix_cache(self) -> None:
         """Forget the cached blocks of finished requests (not while `generate` runs)."""
-        self._pool.clear_cache()
+        self._blocks.clear_cache()
 
     def _default_kv_bytes(self, token_bytes: int, layers: int) -> int:
         everything = self.max_batch_size * self.context_length * token_bytes
@@ -221,8 +222,7 @@ class Engine:
                         yield _empty_result(owner, error=ERROR_INTERNAL)
         finally:
             for seq in running:
-                self._pool.release(seq.blocks)
-                seq.blocks = []
+                self._blocks.release(seq)
 
     def _account(self, began: float, sequences: list[Sequence]) -> float:
         spent = time.perf_counter() - began
@@ -275,7 +275,7 @@ class Engine:
             return ERROR_CONTEXT_LENGTH
         # Each choice may need its own blocks for the whole context; more than the memory holds
         # could never finish.
-        if math.ceil(total / self.block_size) * p.n > self._pool.num_blocks - 1:
+        if not self._blocks.could_hold(total, p.n):
             return ERROR_CONTEXT_LENGTH
         return None
 
@@ -303,8 +303,7 @@ class Engine:
         keep = []
         for seq in running:
             if seq.owner in owners:
-                self._pool.release(seq.blocks)
-                seq.blocks = []
+                self._blocks.release(seq)
             else:
                 keep.append(seq)
         running[:] = keep
@@ -323,7 +322,7 @@ class Engine:
             request = waiting[0]
             needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
             if rows + request.n > self.max_batch_size or (
-                running and self._pool.available - pending < needed
+                running and self._blocks.available - pending < needed
             ):
                 return
             waiting.popleft()
@@ -348,8 +347,7 @@ class Engine:
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
         seq = Sequence(owner=request, choice=choice, sampling=sampling)
-        if self.prefix_cache and choice == 0:  # the other choices are forked from this one
-            seq.prompt_digests = _prompt_digests(request.request, self.block_size)
+        self._blocks.index_prompt(seq)
         return seq
 
     # -- one step ---------------------------------------------------------------------------
@@ -382,7 +380,7 @@ class Engine:
             if seq.owner in failed.owners:
                 continue
             seq.computed += take
-            self._seal_blocks(seq)
+            self._blocks.seal(seq)
             if seq.computed < seq.length or row is None:
                 continue
             sampled.append(seq)
@@ -415,7 +413,7 @@ class Engine:
         # their new blocks do not fit.
         decoding = [s for s in running if s.length - s.computed == 1][: min(budget, limit)]
         while True:
-            short = sum(1 for s in decoding if self._blocks_needed(s, 1)) - self._pool.available
+            short = sum(1 for s in decoding if self._blocks.needed(s, 1)) - self._blocks.available
             if short <= 0:
                 break
             victim = self._youngest_holder(running)
@@ -426,7 +424,7 @@ class Engine:
                 decoding.remove(victim)
         work: list[tuple[Sequence, int]] = []
         for seq in decoding:
-            if self._grow(seq, 1):
+            if self._blocks.grow(seq, 1):
                 work.append((seq, 1))
         budget -= len(work)
         deferred = self._schedule_prompts(running, work, budget, limit, wait=self.prefix_cache)
@@ -465,86 +463,18 @@ class Engine:
                 break
             if seq.length - seq.computed <= 1:
                 continue
-            if self.prefix_cache:
-                self._reuse_cached(seq)
+            self._blocks.reuse_cached(seq)
             if wait:
                 pending = seq.prompt_digests[seq.computed // bs :]
                 if pending and seq.computed % bs == 0 and pending[0] in coming:
                     deferred = True
                     continue
                 coming.update(pending)
-            take = self._grow(seq, min(seq.length - seq.computed, budget))
+            take = self._blocks.grow(seq, min(seq.length - seq.computed, budget))
             if take:
                 work.append((seq, take))
                 budget -= take
         return deferred
-
-    def _blocks_needed(self, seq: Sequence, tokens: int) -> int:
-        bs = self.block_size
-        needed = max(0, math.ceil((seq.computed + tokens) / bs) - len(seq.blocks))
-        if seq.computed % bs and self._pool.refs[seq.blocks[seq.computed // bs]] > 1:
-            needed += 1  # copy on write
-        return needed
-
-    def _grow(self, seq: Sequence, want: int) -> int:
-        """Reserve blocks for the next `want` tokens of `seq`; returns how many fit."""
-        pool, bs = self._pool, self.block_size
-        start = seq.computed
-        if start % bs:
-            index = start // bs
-            shared = seq.blocks[index]
-            if pool.refs[shared] > 1:
-                own = pool.allocate()
-                if own is None:
-                    return 0
-                pool.copy_block(src=shared, dst=own, tokens=start % bs)
-                pool.release([shared])
-                seq.blocks[index] = own
-        while len(seq.blocks) * bs < start + want:
-            block = pool.allocate()
-            if block is None:
-                break
-            seq.blocks.append(block)
-        return max(0, min(want, len(seq.blocks) * bs - start))
-
-    def _reuse_cached(self, seq: Sequence) -> None:
-        """Take cached blocks for the next full blocks of the sequence, as far as they match
-        (leaving at least one token to compute, whose logits are needed)."""
-        bs = self.block_size
-        if seq.computed % bs or len(seq.blocks) * bs != seq.computed:
-            return
-        scope = seq.owner.request.cache_scope
-        counts_as_cached = not seq.tokens and seq.choice == 0 and not seq.preempted
-        while seq.computed + bs <= seq.length - 1:
-            digest = self._digest(seq, seq.computed // bs, scope)
-            block = self._pool.lookup(digest)
-            if block is None:
-                return
-            seq.blocks.append(block)
-            seq.digests.append(digest)
-            seq.computed += bs
-            if counts_as_cached:
-                seq.owner.cached_tokens += bs
-
-    def _seal_blocks(self, seq: Sequence) -> None:
-        """Hash the blocks that became full and offer them to the prefix cache."""
-        bs = self.block_size
-        scope = seq.owner.request.cache_scope
-        while len(seq.digests) < seq.computed // bs:
-            i = len(seq.digests)
-            digest = self._digest(seq, i, scope)
-            seq.digests.append(digest)
-            if self.prefix_cache:
-                self._pool.register(seq.blocks[i], digest)
-
-    def _digest(self, seq: Sequence, index: int, scope: str) -> bytes:
-        """The digest of block `index` of the sequence; blocks before it are in seq.digests."""
-        if index < len(seq.prompt_digests):
-            return seq.prompt_digests[index]
-        lo, hi = index * self.block_size, (index + 1) * self.block_size
-        parent = seq.digests[-1] if seq.digests else b""
-        media = _media_key(seq.owner.request.media, lo, hi)
-        return block_digest(parent, scope, seq.span(lo, hi), media)
 
     def _youngest_holder(self, running: list[Sequence]) -> Sequence | None:
         holders = [s for s in running if s.blocks]
@@ -552,8 +482,7 @@ class Engine:
 
     def _preempt(self, seq: Sequence) -> None:
         """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
-        self._pool.release(seq.blocks)
-        seq.blocks, seq.digests, seq.computed = [], [], 0
+        self._blocks.reset(seq)
         seq.preempted = True
 
     def _fork(self, seq: Sequence) -> list[Sequence]:
@@ -563,12 +492,7 @@ class Engine:
         forks = []
         for choice in range(1, owner.n):
             fork = self._sequence(owner, choice)
-            for block in seq.blocks:
-                self._pool.share(block)
-            fork.blocks = list(seq.blocks)
-            fork.digests = list(seq.digests)
-            fork.prompt_digests = seq.prompt_digests
-            fork.computed = seq.computed
+            self._blocks.fork(seq, fork)
             forks.append(fork)
         return forks
 
@@ -770,8 +694,7 @@ class Engine:
         if finished:
             done = set(map(id, finished))
             for seq in finished:
-                self._pool.release(seq.blocks)
-                seq.blocks = []
+                self._blocks.release(seq)
             running[:] = [s for s in running if id(s) not in done]
         return finished
 
@@ -813,15 +736,6 @@ class Engine:
         return text[: min(cuts)] if cuts else None
 
 
-def _media_key(media: list[MediaInput], lo: int, hi: int) -> bytes:
-    """The digests of the media whose placeholders fall in tokens [lo, hi): identical
-    placeholder ids of different images must not share cached blocks. Later blocks differ
-    too, through their parent's digest."""
-    if not media:
-        return b""
-    return b"".join(m.digest for m in media if m.start < hi and lo < m.start + m.length)
-
-
 def _decode_padded(
     tables: list[list[int]], lengths: list[int], block_size: int, key_width: float
 ) -> bool:
@@ -848,17 +762,6 @@ def _decode_padded(
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
-
-
-def _prompt_digests(request: GenerationRequest, block_size: int) -> list[bytes]:
-    """Digests of the prompt's full blocks, each chained to the one before it."""
-    prompt, digests = request.prompt_ids, list[bytes]()
-    for lo in range(0, len(prompt) - block_size + 1, block_size):
-        hi = lo + block_size
-        parent = digests[-1] if digests else b""
-        media = _media_key(request.media, lo, hi)
-        digests.append(block_digest(parent, request.cache_scope, prompt[lo:hi], media))
-    return digests
 
 
 def _empty_result(
