@@ -122,6 +122,7 @@ def worker_beat(*, process: str, session_lock: bool = False) -> None:
     recorded, rate = _throughput()
     stats = {
         "revisions": _loaded_revisions(),
+        "device": settings.ENGINE_DEVICE or "auto",
         "items_recorded": recorded,
         "items_per_second": round(rate, 3),
         "session_lock": session_lock,

@@ -231,6 +231,9 @@ class WorkerProcess(models.Model):
     seen_at = models.DateTimeField(default=clock.now, db_index=True)
     # Stamped with each beat, for the staff console's workers view (ids and counts only).
     revisions = models.JSONField(default=list, blank=True, help_text="Revisions with an engine.")
+    device = models.CharField(
+        max_length=32, blank=True, help_text="Where its engines run (run_worker --device)."
+    )
     items_recorded = models.BigIntegerField(default=0, help_text="Results written since start.")
     items_per_second = models.FloatField(default=0.0, help_text="Over the last minute.")
     # PostgreSQL: the process holds a session advisory lock on its id for as long as its

@@ -231,6 +231,9 @@ WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
 # at once (boardwalk.broker.DoorbellRedisBroker): this wait is the fallback.
 WORKER_POLL_MS = env_int("BOARDWALK_WORKER_POLL_MS", 100)
 ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
+# Where this worker's engines run: "cpu", "cuda" or "cuda:N"; empty means cuda when a GPU is
+# visible, else cpu. `run_worker --device` sets it per process (one worker per GPU).
+ENGINE_DEVICE = env_str("BOARDWALK_ENGINE_DEVICE", "")
 # Reuse of computed prompt prefixes (within one organization and deployment); off only to
 # measure what it gives (benchmarks/platform_vs_engine.py --sectioned).
 ENGINE_PREFIX_CACHE = env_bool("BOARDWALK_ENGINE_PREFIX_CACHE", True)

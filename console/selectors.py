@@ -266,6 +266,7 @@ class WorkerView:
     started_at: dt.datetime
     seen_at: dt.datetime
     revisions: list[str]
+    device: str
     leases: int
     items_recorded: int
     items_per_second: float
@@ -292,6 +293,7 @@ def workers_overview() -> list[WorkerView]:
             started_at=w.started_at,
             seen_at=w.seen_at,
             revisions=list(w.revisions or []),
+            device=w.device,
             leases=leases.get(w.id, 0),
             items_recorded=w.items_recorded,
             items_per_second=w.items_per_second,

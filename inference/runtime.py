@@ -33,6 +33,7 @@ def _load_options(revision: ModelRevision) -> dict[str, Any]:
         "dtype": revision.dtype,
         "chat_template": revision.chat_template or None,
         "revision": revision.weights_revision or None,
+        "device": settings.ENGINE_DEVICE or None,
     }
 
 
