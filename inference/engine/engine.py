@@ -29,11 +29,9 @@ from typing import Any
 
 import torch
 
-from .allocator import keep_freed_memory
 from .blocks import BlockManager
-from .kv import BlockPool, PagedCache
-from .media import MediaEncoder
-from .sampling import row_sampling, sample
+from .runner import ModelRunner
+from .sampling import row_sampling
 from .sequence import Failed, Request, Sequence, age, rows_held
 from .types import (
     ERROR_CONTEXT_LENGTH,
@@ -48,14 +46,6 @@ from .types import (
 )
 
 logger = logging.getLogger(__name__)
-
-_SUPPORTED_ATTENTION = ("sdpa", "eager")
-# Without a GPU (or an explicit size), the key/value memory holds every row at full context,
-# up to this many bytes.
-_CPU_KV_BYTES = 2 * 1024**3
-# On a GPU, the share of the memory free after the weights that keys and values may take; the
-# rest is left to activations (the gathered context of one layer at a time, and logits).
-_GPU_MEMORY_FRACTION = 0.85
 
 
 class Engine:
@@ -77,65 +67,34 @@ class Engine:
         prefix_cache: bool = True,
         processor: Any = None,
     ) -> None:
-        config = model.config
-        attention = getattr(config, "_attn_implementation", "sdpa")
-        if attention not in _SUPPORTED_ATTENTION:
-            raise ValueError(f"attention {attention!r} is not supported; load with sdpa or eager")
-        text = config.get_text_config(decoder=True)
-        window = getattr(text, "sliding_window", None)
-        if window and getattr(text, "use_sliding_window", True) and window < context_length:
-            raise ValueError(
-                "models with a sliding window shorter than the context are not supported"
-            )
-        keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
+        self._runner = ModelRunner(
+            model,
+            tokenizer,
+            context_length=context_length,
+            max_batch_size=max_batch_size,
+            block_size=block_size,
+            kv_cache_bytes=kv_cache_bytes,
+            max_num_blocks=max_num_blocks,
+            processor=processor,
+        )
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.max_batch_size = max_batch_size
         self.abort_poll_seconds = abort_poll_seconds
         self.prefix_cache = prefix_cache
-        # Media rows need the model's processor (its encoders run at prefill, media.py).
-        self._media = MediaEncoder(model, processor) if processor is not None else None
-        self.media_modalities = self._media.modalities if self._media else frozenset()
+        self.block_size = block_size
+        self.kv_cache_bytes = self._runner.kv_cache_bytes
+        self.media_modalities = self._runner.media_modalities
         self.eos_token_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _model_eos_ids(model, tokenizer)
         )
         self.busy_seconds_total = 0.0  # over the engine's life; the results' shares sum to it
-        self._attention = attention
-        self._device = model.get_input_embeddings().weight.device
-        self._dtype = model.get_input_embeddings().weight.dtype
-        self._vocab_size = model.get_output_embeddings().weight.shape[0]
-        self._tokenizer_size = len(tokenizer)
-        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._eos_sorted = sorted(self.eos_token_ids)
-        on_gpu = self._device.type == "cuda"
         if max_step_tokens is None:
-            max_step_tokens = 2048 if on_gpu else 512
+            max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
         self.max_step_tokens = max(max_step_tokens, max_batch_size)
-
-        layers = text.num_hidden_layers
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        element = torch.empty((), dtype=self._dtype).element_size()
-        self.block_size = block_size
-        block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
-        self._key_width = head_dim * kv_heads / text.num_attention_heads
-        if max_num_blocks is None:
-            if kv_cache_bytes is None:
-                kv_cache_bytes = self._default_kv_bytes(block_bytes // block_size, layers)
-            max_num_blocks = kv_cache_bytes // block_bytes
-        self.kv_cache_bytes = max_num_blocks * block_bytes
-        self._pool = BlockPool(
-            num_layers=layers,
-            num_blocks=max_num_blocks,
-            block_size=block_size,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            dtype=self._dtype,
-            device=self._device,
-        )
-        self._cache = PagedCache(self._pool)
-        self._blocks = BlockManager(self._pool, prefix_cache=prefix_cache)
+        self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
         self._order = 0
         self._step_rows = max_batch_size  # lowered for the rest of a call by out-of-memory
         self._step_tokens = self.max_step_tokens
@@ -143,15 +102,6 @@ class Engine:
     def clear_prefix_cache(self) -> None:
         """Forget the cached blocks of finished requests (not while `generate` runs)."""
         self._blocks.clear_cache()
-
-    def _default_kv_bytes(self, token_bytes: int, layers: int) -> int:
-        everything = self.max_batch_size * self.context_length * token_bytes
-        if self._device.type != "cuda":
-            return min(everything, _CPU_KV_BYTES)
-        free, _ = torch.cuda.mem_get_info(self._device)
-        # Attention gathers one layer's context at a time: 1/layers of the memory on top.
-        usable = int(free * _GPU_MEMORY_FRACTION * layers / (layers + 1))
-        return min(everything, usable)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -342,8 +292,8 @@ class Engine:
             request.request.params,
             choice=choice,
             eos_ids=self._eos_sorted,
-            vocab_size=self._vocab_size,
-            device=self._device,
+            vocab_size=self._runner.vocab_size,
+            device=self._runner.device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
         seq = Sequence(owner=request, choice=choice, sampling=sampling)
@@ -359,7 +309,7 @@ class Engine:
         while True:
             work = self._schedule(running)
             try:
-                logits = self._run(work, failed)
+                logits = self._runner.run(work, failed)
                 break
             except torch.OutOfMemoryError:
                 if len(work) <= 1 and sum(t for _, t in work) <= 1:
@@ -370,8 +320,7 @@ class Engine:
                 logger.warning("out of memory in a step of %d sequences; halving", len(work))
                 self._step_rows = max(1, len(work) // 2)
                 self._step_tokens = max(1, sum(t for _, t in work) // 2)
-                if self._device.type == "cuda":
-                    torch.cuda.empty_cache()
+                self._runner.release_memory()
 
         stepped = [seq for seq, _ in work]
         sampled: list[Sequence] = []
@@ -400,7 +349,7 @@ class Engine:
         sampled = [sampled[i] for i in keep]
         if not sampled:
             return stepped, [], failed
-        tokens = self._sample(torch.stack([rows[i] for i in keep]), sampled, failed)
+        tokens = self._runner.next_tokens(torch.stack([rows[i] for i in keep]), sampled, failed)
         finished = self._advance(running, sampled, tokens, failed)
         self._drop(running, failed.owners)
         return stepped, finished, failed
@@ -496,180 +445,7 @@ class Engine:
             forks.append(fork)
         return forks
 
-    # -- the forward ------------------------------------------------------------------------
-
-    def _run(self, work: list[tuple[Sequence, int]], failed: Failed) -> list[torch.Tensor | None]:
-        """Logits of the last computed position of each scheduled sequence (None for one
-        whose forward failed). Decoding rows and prompt pieces run as two forwards, so one
-        token rows are not padded to a prompt piece's length."""
-        logits: list[torch.Tensor | None] = [None] * len(work)
-        for single in (True, False):
-            group = [i for i, (_, take) in enumerate(work) if (take == 1) == single]
-            if not group:
-                continue
-            try:
-                out = self._forward([work[i] for i in group])
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:
-                if len(group) == 1:
-                    logger.error("a sequence's forward failed: %s", type(exc).__name__)
-                    failed.add(work[group[0]][0].owner)
-                    continue
-                # Find the culprit: each sequence alone.
-                for i in group:
-                    try:
-                        logits[i] = self._forward([work[i]])[0]
-                    except torch.OutOfMemoryError:
-                        raise
-                    except Exception as alone:
-                        logger.error("a sequence's forward failed: %s", type(alone).__name__)
-                        failed.add(work[i][0].owner)
-                continue
-            for row, i in enumerate(group):
-                logits[i] = out[row]
-        return logits
-
-    def _forward(self, work: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
-
-        Two layouts, whichever costs less (`_decode_padded`):
-
-        - packed: the scheduled tokens (pieces of prompts, or one per decoding row) form one
-          `[1, tokens]` row. Their keys are the union of the slots their sequences attend to,
-          each slot once however many sequences share it (a common prefix's blocks), and a
-          mask says which query may see which slot: one attention product for the step, no
-          padding, no copy of a shared block per row.
-        - padded (decoding rows only): a `[rows, 1]` batch, each row attending to its own
-          context padded to the longest. Without shared blocks the packed product costs
-          rows x (sum of the contexts), this one rows x (the longest), but each row's keys
-          are gathered even where rows share them.
-        """
-        device, bs = self._device, self.block_size
-        takes_list = [take for _, take in work]
-        starts_list = [seq.computed for seq, _ in work]
-        lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
-        width = math.ceil(max(lengths_list) / bs)
-        tables = [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work]
-        table = _to(tables, device)
-        lengths = _to(lengths_list, device)
-        padded = max(takes_list) == 1 and _decode_padded(tables, lengths_list, bs, self._key_width)
-        if padded:
-            ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
-            k = torch.arange(width * bs, device=device)
-            inside = k[None, :] < lengths[:, None]
-            read = torch.where(inside, table[:, k // bs] * bs + k % bs, 0)
-            positions = (lengths - 1)[:, None]
-            write = table.gather(1, positions // bs) * bs + positions % bs
-            allowed = inside[:, None, None, :]
-            keep: int | torch.Tensor = 1
-        else:
-            ids = _to(
-                [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
-                device,
-            )
-            takes, starts = _to(takes_list, device), _to(starts_list, device)
-            rows = torch.arange(len(work), device=device)
-            q_row = rows.repeat_interleave(takes)
-            q_first = torch.cumsum(takes, 0) - takes
-            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
-            k_row = rows.repeat_interleave(lengths)
-            k_first = torch.cumsum(lengths, 0) - lengths
-            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
-            slots = table[k_row, k_pos // bs] * bs + k_pos % bs
-            unique, column = torch.unique(slots, return_inverse=True)
-            # Keys are already rotated (RoPE) in the cache, so their order in the product is
-            # free.
-            pair = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
-            union = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
-            union.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
-            read = unique[None]
-            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
-            positions = q_pos[None]
-            allowed = union.bool()[None, None]
-            keep = torch.cumsum(takes, 0) - 1
-        embeds = self._media_embeddings(ids, work, packed=not padded)
-        mask: torch.Tensor = allowed
-        if self._attention == "eager":
-            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
-                ~allowed, torch.finfo(self._dtype).min
-            )
-        tokens: dict[str, torch.Tensor] = (
-            {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
-        )
-        out = self.model(
-            **tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=self._cache.point(write=write, read=read),
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        if isinstance(keep, int):
-            logits = out.logits[:, -1]
-        elif out.logits.shape[1] == keep.shape[0]:
-            logits = out.logits[0]
-        else:  # a model that ignores logits_to_keep (Qwen2-Audio) gives every position back
-            logits = out.logits[0, keep]
-        if self._vocab_size > self._tokenizer_size:
-            # Padded embedding rows have no token behind them.
-            logits[:, self._tokenizer_size :] = float("-inf")
-        return logits
-
-    def _media_embeddings(
-        self, ids: torch.Tensor, work: list[tuple[Sequence, int]], *, packed: bool
-    ) -> torch.Tensor | None:
-        """Input embeddings with the placeholders of this step's media replaced by their
-        features; None when no scheduled piece covers a placeholder (text stays on input_ids).
-
-        A prompt split across steps takes the slice of each media's features its piece covers;
-        a media's features are computed once per request, when a piece first needs them.
-        """
-        pieces: list[tuple[int, int, torch.Tensor]] = []
-        offset = 0
-        for row, (seq, take) in enumerate(work):
-            lo, hi = seq.computed, seq.computed + take
-            for index, media in enumerate(seq.owner.request.media):
-                a, b = max(lo, media.start), min(hi, media.start + media.length)
-                if a >= b:
-                    continue
-                features = seq.owner.features.get(index)
-                if features is None:
-                    if self._media is None:  # _invalid refuses media without a processor
-                        raise RuntimeError("media without an encoder")
-                    features = seq.owner.features[index] = self._media.encode(media)
-                at = (0, offset + a - lo) if packed else (row, 0)
-                pieces.append((*at, features[a - media.start : b - media.start]))
-            offset += take
-        if not pieces:
-            return None
-        embeds = self.model.get_input_embeddings()(ids)
-        for row, col, features in pieces:
-            embeds[row, col : col + features.shape[0]] = features.to(embeds.device, embeds.dtype)
-        return embeds
-
     # -- sampling and appending -------------------------------------------------------------
-
-    def _sample(
-        self, logits: torch.Tensor, sequences: list[Sequence], failed: Failed
-    ) -> list[int | None]:
-        samplings = [s.sampling for s in sequences]
-        histories = [s.tokens for s in sequences]
-        try:
-            return list(sample(logits, samplings, histories))
-        except Exception as exc:
-            logger.warning("batched sampling failed (%s); sampling row by row", type(exc).__name__)
-        tokens: list[int | None] = []
-        for i, seq in enumerate(sequences):  # find the row that raised
-            try:
-                tokens.append(
-                    sample(logits[i : i + 1], samplings[i : i + 1], histories[i : i + 1])[0]
-                )
-            except Exception as exc:
-                logger.error("sampling failed for a sequence: %s", type(exc).__name__)
-                failed.add(seq.owner)
-                tokens.append(None)
-        return tokens
 
     def _advance(
         self,
@@ -734,34 +510,6 @@ class Engine:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return text[: min(cuts)] if cuts else None
-
-
-def _decode_padded(
-    tables: list[list[int]], lengths: list[int], block_size: int, key_width: float
-) -> bool:
-    """Whether decoding rows are cheaper padded to the longest row than packed over the union
-    of their slots.
-
-    Per query, the packed product visits every distinct slot (a multiply-add per head and
-    dimension, and a mask entry), the padded one gathers and reads its row's slots padded to
-    the longest. Measured on CPU (engine runs of the tiny and bench demo models), a (query,
-    slot) pair of the packed product costs about half of one gathered element, so the padded
-    layout wins when the distinct slots outnumber the longest row `key_width / 2` times
-    (`key_width`: key elements per query head, head_dim x kv_heads / heads): 32 rows of mixed
-    lengths with 16-wide heads go padded (1.3x the engine's rate on the tiny model), with
-    64-wide heads they stay packed (padded was 0.84x on the bench model), and so do rows
-    sharing a prompt.
-    """
-    distinct = {
-        block
-        for table, length in zip(tables, lengths, strict=True)
-        for block in table[: math.ceil(length / block_size)]
-    }
-    return 2 * len(distinct) * block_size > max(lengths) * key_width
-
-
-def _to(values: list[Any], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 def _empty_result(

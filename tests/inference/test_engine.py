@@ -161,7 +161,7 @@ def test_both_decoding_layouts_equal_unbatched_generation(
 ) -> None:
     # Rows sharing a system prompt (one block table entry read by several rows) and rows
     # without one, decoded either way: each layout must give transformers' own tokens.
-    from inference.engine import engine as engine_module
+    from inference.engine import runner as runner_module
 
     chosen: list[bool] = []
 
@@ -169,7 +169,7 @@ def test_both_decoding_layouts_equal_unbatched_generation(
         chosen.append(padded)
         return padded
 
-    monkeypatch.setattr(engine_module, "_decode_padded", layout)
+    monkeypatch.setattr(runner_module, "_decode_padded", layout)
     prompts = [
         prompt(tokenizer, "When do you open?", system=LONG_SYSTEM),
         prompt(tokenizer, "Hi."),
@@ -186,7 +186,7 @@ def test_both_decoding_layouts_equal_unbatched_generation(
 
 
 def test_decoding_layout_pads_only_rows_that_share_nothing_and_are_many() -> None:
-    from inference.engine.engine import _decode_padded
+    from inference.engine.runner import _decode_padded
 
     # 32 rows of 100-300 tokens in their own blocks, 16-wide heads: padded.
     lengths = [100 + 200 * i // 31 for i in range(32)]
@@ -615,7 +615,7 @@ def test_a_batch_larger_than_the_kv_memory_completes(model, tokenizer) -> None:
     )
     budget = 60
     total_blocks = sum(-(-(len(p) + budget) // 16) for p in prompts)
-    assert total_blocks > 2 * engine._pool.num_blocks  # far more than fits at once
+    assert total_blocks > 2 * engine._blocks.num_blocks  # far more than fits at once
 
     results = run(
         engine, [GenerationRequest(str(i), p, greedy(budget)) for i, p in enumerate(prompts)]
@@ -624,7 +624,7 @@ def test_a_batch_larger_than_the_kv_memory_completes(model, tokenizer) -> None:
     for i, p in enumerate(prompts):
         assert results[str(i)].error is None, results[str(i)].error
         assert results[str(i)].choices[0].token_ids == reference(model, p, budget)
-    assert engine._pool.available == engine._pool.num_blocks - 1  # every block came back
+    assert engine._blocks.available == engine._blocks.num_blocks - 1  # every block came back
 
 
 def test_a_request_that_could_never_fit_is_refused_not_run(model, tokenizer) -> None:

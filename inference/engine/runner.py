@@ -1,0 +1,313 @@
+"""The model runner: the inputs of a step, the forward over the paged pool, the logits.
+
+It owns what the model itself decides: the attention implementation it runs, the key/value
+pool's geometry and size (kv.py), the media encoders, and the layout of a step's tokens. A
+step's work (sequences and how many of their tokens to compute, from the scheduler) becomes
+token ids, positions, the slots to write and read and the mask over them; the model's own
+attention runs unchanged over `PagedCache`; the last computed position of each sequence gives
+its logits, and `sample` draws the next tokens from them.
+
+Decoding rows and prompt pieces run as two forwards, so one-token rows are not padded to a
+prompt piece's length; a failing batched forward is retried one sequence at a time to find the
+request it belongs to.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from .allocator import keep_freed_memory
+from .kv import BlockPool, PagedCache
+from .media import MediaEncoder
+from .sampling import sample
+from .sequence import Failed, Sequence, Work
+
+logger = logging.getLogger(__name__)
+
+_SUPPORTED_ATTENTION = ("sdpa", "eager")
+# Without a GPU (or an explicit size), the key/value memory holds every row at full context,
+# up to this many bytes.
+_CPU_KV_BYTES = 2 * 1024**3
+# On a GPU, the share of the memory free after the weights that keys and values may take; the
+# rest is left to activations (the gathered context of one layer at a time, and logits).
+_GPU_MEMORY_FRACTION = 0.85
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        context_length: int,
+        max_batch_size: int,
+        block_size: int,
+        kv_cache_bytes: int | None,
+        max_num_blocks: int | None,
+        processor: Any,
+    ) -> None:
+        """Refuses (ValueError) a model whose attention the pool cannot serve; sizes the pool
+        from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`)."""
+        config = model.config
+        attention = getattr(config, "_attn_implementation", "sdpa")
+        if attention not in _SUPPORTED_ATTENTION:
+            raise ValueError(f"attention {attention!r} is not supported; load with sdpa or eager")
+        text = config.get_text_config(decoder=True)
+        window = getattr(text, "sliding_window", None)
+        if window and getattr(text, "use_sliding_window", True) and window < context_length:
+            raise ValueError(
+                "models with a sliding window shorter than the context are not supported"
+            )
+        keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
+        self.model = model
+        self.block_size = block_size
+        # Media rows need the model's processor (its encoders run at prefill, media.py).
+        self._media = MediaEncoder(model, processor) if processor is not None else None
+        self.media_modalities = self._media.modalities if self._media else frozenset()
+        self._attention = attention
+        self.device = model.get_input_embeddings().weight.device
+        self._dtype = model.get_input_embeddings().weight.dtype
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._tokenizer_size = len(tokenizer)
+
+        layers = text.num_hidden_layers
+        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        element = torch.empty((), dtype=self._dtype).element_size()
+        block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
+        self._key_width = head_dim * kv_heads / text.num_attention_heads
+        if max_num_blocks is None:
+            if kv_cache_bytes is None:
+                everything = max_batch_size * context_length * (block_bytes // block_size)
+                kv_cache_bytes = self._default_kv_bytes(everything, layers)
+            max_num_blocks = kv_cache_bytes // block_bytes
+        self.kv_cache_bytes = max_num_blocks * block_bytes
+        self.pool = BlockPool(
+            num_layers=layers,
+            num_blocks=max_num_blocks,
+            block_size=block_size,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self._dtype,
+            device=self.device,
+        )
+        self._cache = PagedCache(self.pool)
+
+    def _default_kv_bytes(self, everything: int, layers: int) -> int:
+        """`everything`: the bytes of every row at full context."""
+        if self.device.type != "cuda":
+            return min(everything, _CPU_KV_BYTES)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        # Attention gathers one layer's context at a time: 1/layers of the memory on top.
+        usable = int(free * _GPU_MEMORY_FRACTION * layers / (layers + 1))
+        return min(everything, usable)
+
+    def release_memory(self) -> None:
+        """Hand the device's cached, unused memory back after an out-of-memory step."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def run(self, work: Work, failed: Failed) -> list[torch.Tensor | None]:
+        """Logits of the last computed position of each scheduled sequence (None for one
+        whose forward failed). Decoding rows and prompt pieces run as two forwards, so one
+        token rows are not padded to a prompt piece's length."""
+        logits: list[torch.Tensor | None] = [None] * len(work)
+        for single in (True, False):
+            group = [i for i, (_, take) in enumerate(work) if (take == 1) == single]
+            if not group:
+                continue
+            try:
+                out = self.forward([work[i] for i in group])
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                if len(group) == 1:
+                    logger.error("a sequence's forward failed: %s", type(exc).__name__)
+                    failed.add(work[group[0]][0].owner)
+                    continue
+                # Find the culprit: each sequence alone.
+                for i in group:
+                    try:
+                        logits[i] = self.forward([work[i]])[0]
+                    except torch.OutOfMemoryError:
+                        raise
+                    except Exception as alone:
+                        logger.error("a sequence's forward failed: %s", type(alone).__name__)
+                        failed.add(work[i][0].owner)
+                continue
+            for row, i in enumerate(group):
+                logits[i] = out[row]
+        return logits
+
+    def forward(self, work: Work) -> torch.Tensor:
+        """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
+
+        Two layouts, whichever costs less (`_decode_padded`):
+
+        - packed: the scheduled tokens (pieces of prompts, or one per decoding row) form one
+          `[1, tokens]` row. Their keys are the union of the slots their sequences attend to,
+          each slot once however many sequences share it (a common prefix's blocks), and a
+          mask says which query may see which slot: one attention product for the step, no
+          padding, no copy of a shared block per row.
+        - padded (decoding rows only): a `[rows, 1]` batch, each row attending to its own
+          context padded to the longest. Without shared blocks the packed product costs
+          rows x (sum of the contexts), this one rows x (the longest), but each row's keys
+          are gathered even where rows share them.
+        """
+        device, bs = self.device, self.block_size
+        takes_list = [take for _, take in work]
+        starts_list = [seq.computed for seq, _ in work]
+        lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
+        width = math.ceil(max(lengths_list) / bs)
+        tables = [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work]
+        table = _to(tables, device)
+        lengths = _to(lengths_list, device)
+        padded = max(takes_list) == 1 and _decode_padded(tables, lengths_list, bs, self._key_width)
+        if padded:
+            ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
+            k = torch.arange(width * bs, device=device)
+            inside = k[None, :] < lengths[:, None]
+            read = torch.where(inside, table[:, k // bs] * bs + k % bs, 0)
+            positions = (lengths - 1)[:, None]
+            write = table.gather(1, positions // bs) * bs + positions % bs
+            allowed = inside[:, None, None, :]
+            keep: int | torch.Tensor = 1
+        else:
+            ids = _to(
+                [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
+                device,
+            )
+            takes, starts = _to(takes_list, device), _to(starts_list, device)
+            rows = torch.arange(len(work), device=device)
+            q_row = rows.repeat_interleave(takes)
+            q_first = torch.cumsum(takes, 0) - takes
+            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
+            k_row = rows.repeat_interleave(lengths)
+            k_first = torch.cumsum(lengths, 0) - lengths
+            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
+            slots = table[k_row, k_pos // bs] * bs + k_pos % bs
+            unique, column = torch.unique(slots, return_inverse=True)
+            # Keys are already rotated (RoPE) in the cache, so their order in the product is
+            # free.
+            pair = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            union = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
+            union.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
+            read = unique[None]
+            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
+            positions = q_pos[None]
+            allowed = union.bool()[None, None]
+            keep = torch.cumsum(takes, 0) - 1
+        embeds = self._media_embeddings(ids, work, packed=not padded)
+        mask: torch.Tensor = allowed
+        if self._attention == "eager":
+            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
+                ~allowed, torch.finfo(self._dtype).min
+            )
+        tokens: dict[str, torch.Tensor] = (
+            {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
+        )
+        out = self.model(
+            **tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self._cache.point(write=write, read=read),
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        if isinstance(keep, int):
+            logits = out.logits[:, -1]
+        elif out.logits.shape[1] == keep.shape[0]:
+            logits = out.logits[0]
+        else:  # a model that ignores logits_to_keep (Qwen2-Audio) gives every position back
+            logits = out.logits[0, keep]
+        if self.vocab_size > self._tokenizer_size:
+            # Padded embedding rows have no token behind them.
+            logits[:, self._tokenizer_size :] = float("-inf")
+        return logits
+
+    def _media_embeddings(
+        self, ids: torch.Tensor, work: Work, *, packed: bool
+    ) -> torch.Tensor | None:
+        """Input embeddings with the placeholders of this step's media replaced by their
+        features; None when no scheduled piece covers a placeholder (text stays on input_ids).
+
+        A prompt split across steps takes the slice of each media's features its piece covers;
+        a media's features are computed once per request, when a piece first needs them.
+        """
+        pieces: list[tuple[int, int, torch.Tensor]] = []
+        offset = 0
+        for row, (seq, take) in enumerate(work):
+            lo, hi = seq.computed, seq.computed + take
+            for index, media in enumerate(seq.owner.request.media):
+                a, b = max(lo, media.start), min(hi, media.start + media.length)
+                if a >= b:
+                    continue
+                features = seq.owner.features.get(index)
+                if features is None:
+                    if self._media is None:  # admission refuses media without an encoder
+                        raise RuntimeError("media without an encoder")
+                    features = seq.owner.features[index] = self._media.encode(media)
+                at = (0, offset + a - lo) if packed else (row, 0)
+                pieces.append((*at, features[a - media.start : b - media.start]))
+            offset += take
+        if not pieces:
+            return None
+        embeds = self.model.get_input_embeddings()(ids)
+        for row, col, features in pieces:
+            embeds[row, col : col + features.shape[0]] = features.to(embeds.device, embeds.dtype)
+        return embeds
+
+    def next_tokens(
+        self, logits: torch.Tensor, sequences: list[Sequence], failed: Failed
+    ) -> list[int | None]:
+        """The token each sequence samples from its row of `logits`; None for a sequence whose
+        sampling raised (its request is added to `failed`)."""
+        samplings = [s.sampling for s in sequences]
+        histories = [s.tokens for s in sequences]
+        try:
+            return list(sample(logits, samplings, histories))
+        except Exception as exc:
+            logger.warning("batched sampling failed (%s); sampling row by row", type(exc).__name__)
+        tokens: list[int | None] = []
+        for i, seq in enumerate(sequences):  # find the row that raised
+            try:
+                tokens.append(
+                    sample(logits[i : i + 1], samplings[i : i + 1], histories[i : i + 1])[0]
+                )
+            except Exception as exc:
+                logger.error("sampling failed for a sequence: %s", type(exc).__name__)
+                failed.add(seq.owner)
+                tokens.append(None)
+        return tokens
+
+
+def _decode_padded(
+    tables: list[list[int]], lengths: list[int], block_size: int, key_width: float
+) -> bool:
+    """Whether decoding rows are cheaper padded to the longest row than packed over the union
+    of their slots.
+
+    Per query, the packed product visits every distinct slot (a multiply-add per head and
+    dimension, and a mask entry), the padded one gathers and reads its row's slots padded to
+    the longest. Measured on CPU (engine runs of the tiny and bench demo models), a (query,
+    slot) pair of the packed product costs about half of one gathered element, so the padded
+    layout wins when the distinct slots outnumber the longest row `key_width / 2` times
+    (`key_width`: key elements per query head, head_dim x kv_heads / heads): 32 rows of mixed
+    lengths with 16-wide heads go padded (1.3x the engine's rate on the tiny model), with
+    64-wide heads they stay packed (padded was 0.84x on the bench model), and so do rows
+    sharing a prompt.
+    """
+    distinct = {
+        block
+        for table, length in zip(tables, lengths, strict=True)
+        for block in table[: math.ceil(length / block_size)]
+    }
+    return 2 * len(distinct) * block_size > max(lengths) * key_width
+
+
+def _to(values: list[Any], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
