@@ -16,14 +16,18 @@ least recently used ones are evicted for memory.
 A request whose own work raises (its prompt, its sampling, its forward when run alone) ends
 with `error="internal_error"`; the others go on. Out of memory in a step halves the step and
 tries again.
+
+This module is the loop and the results: pulling requests, polling aborts, appending sampled
+tokens, stop strings, busy-time shares. What it drives is in modules of their own: the state
+in flight (sequence.py), admission, each step's plan and preemption (scheduler.py), block
+tables and the prefix cache (blocks.py, the only code touching the pool's reference counts),
+and the model's inputs, forward and logits (runner.py).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
@@ -32,11 +36,10 @@ import torch
 from .blocks import BlockManager
 from .runner import ModelRunner
 from .sampling import row_sampling
-from .sequence import Failed, Request, Sequence, age, rows_held
+from .scheduler import Scheduler
+from .sequence import Failed, Request, Sequence
 from .types import (
-    ERROR_CONTEXT_LENGTH,
     ERROR_INTERNAL,
-    ERROR_INVALID_REQUEST,
     FINISH_LENGTH,
     FINISH_STOP,
     NOT_READY,
@@ -95,9 +98,6 @@ class Engine:
             max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
         self.max_step_tokens = max(max_step_tokens, max_batch_size)
         self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
-        self._order = 0
-        self._step_rows = max_batch_size  # lowered for the rest of a call by out-of-memory
-        self._step_tokens = self.max_step_tokens
 
     def clear_prefix_cache(self) -> None:
         """Forget the cached blocks of finished requests (not while `generate` runs)."""
@@ -121,24 +121,31 @@ class Engine:
         (context_length_exceeded, invalid_request) are yielded immediately as error results.
         """
         source = iter(requests)
-        running: list[Sequence] = []
-        waiting: deque[Request] = deque()
+        scheduler = Scheduler(
+            self._blocks,
+            max_batch_size=self.max_batch_size,
+            max_step_tokens=self.max_step_tokens,
+            context_length=self.context_length,
+            media_modalities=self.media_modalities,
+            new_sequence=self._sequence,
+        )
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
         work_since_poll = float("inf")
-        self._step_rows, self._step_tokens = self.max_batch_size, self.max_step_tokens
         try:
             while True:
                 if (
                     aborted is not None
-                    and (running or waiting)
+                    and scheduler.holding
                     and work_since_poll >= self.abort_poll_seconds
                 ):
                     aborted_ids = frozenset(aborted())
                     work_since_poll = 0.0
-                    yield from self._abort(running, waiting, aborted_ids)
+                    for owner in scheduler.abort(aborted_ids):
+                        owner.reported = True
+                        yield _empty_result(owner, aborted=True)
 
-                in_use = rows_held(running) + sum(r.n for r in waiting)
+                in_use = scheduler.rows_in_use()
                 while in_use < self.max_batch_size and not exhausted:
                     try:
                         request = next(source)
@@ -147,23 +154,24 @@ class Engine:
                         break
                     if request is NOT_READY:  # step what is held; ask again after it
                         break
-                    error = self._invalid(request)
+                    error = scheduler.refusal(request)
                     if error or request.id in aborted_ids:
                         yield _empty_result(Request(request), error=error, aborted=not error)
                         continue
-                    waiting.append(Request(request))
+                    scheduler.add(Request(request))
                     in_use += request.params.n
 
-                yield from self._admit(running, waiting)
+                for owner in scheduler.admit():
+                    yield _empty_result(owner, error=ERROR_INTERNAL)
 
-                if not running:
-                    if exhausted and not waiting:
+                if not scheduler.running:
+                    if exhausted and not scheduler.waiting:
                         return
                     continue
 
                 began = time.perf_counter()
                 with torch.inference_mode():
-                    stepped, finished, failed = self._step(running)
+                    stepped, finished, failed = self._step(scheduler)
                 work_since_poll += self._account(began, stepped)
                 yield from self._results(finished)
                 for owner in failed.owners:
@@ -171,8 +179,7 @@ class Engine:
                         owner.reported = True
                         yield _empty_result(owner, error=ERROR_INTERNAL)
         finally:
-            for seq in running:
-                self._blocks.release(seq)
+            scheduler.close()
 
     def _account(self, began: float, sequences: list[Sequence]) -> float:
         spent = time.perf_counter() - began
@@ -200,93 +207,6 @@ class Engine:
                     params=owner.request.params,  # hook (chat surface): echoed for the body
                 )
 
-    def _invalid(self, request: GenerationRequest) -> str | None:
-        p = request.params
-        if (
-            not request.prompt_ids
-            or p.max_new_tokens < 1
-            or not 1 <= p.n <= self.max_batch_size
-            or p.temperature < 0
-            or not 0 < p.top_p <= 1
-        ):
-            return ERROR_INVALID_REQUEST
-        end = 0
-        for media in request.media:
-            if (
-                media.modality not in self.media_modalities
-                or media.start < end
-                or media.length < 1
-                or media.start + media.length >= len(request.prompt_ids)
-            ):
-                return ERROR_INVALID_REQUEST
-            end = media.start + media.length
-        total = len(request.prompt_ids) + p.max_new_tokens
-        if total > self.context_length:
-            return ERROR_CONTEXT_LENGTH
-        # Each choice may need its own blocks for the whole context; more than the memory holds
-        # could never finish.
-        if not self._blocks.could_hold(total, p.n):
-            return ERROR_CONTEXT_LENGTH
-        return None
-
-    def _abort(
-        self, running: list[Sequence], waiting: deque[Request], ids: frozenset[str]
-    ) -> Iterator[GenerationResult]:
-        if not ids:
-            return
-        owners: list[Request] = []
-        for seq in running:
-            if seq.owner.request.id in ids and seq.owner not in owners:
-                owners.append(seq.owner)
-        self._drop(running, owners)
-        for request in [r for r in waiting if r.request.id in ids]:
-            waiting.remove(request)
-            owners.append(request)
-        for owner in owners:
-            owner.reported = True
-            yield _empty_result(owner, aborted=True)
-
-    def _drop(self, running: list[Sequence], owners: list[Request]) -> None:
-        """Take every sequence of these requests out of flight, releasing their blocks."""
-        if not owners:
-            return
-        keep = []
-        for seq in running:
-            if seq.owner in owners:
-                self._blocks.release(seq)
-            else:
-                keep.append(seq)
-        running[:] = keep
-
-    # -- admission --------------------------------------------------------------------------
-
-    def _admit(
-        self, running: list[Sequence], waiting: deque[Request]
-    ) -> Iterator[GenerationResult]:
-        """Move waiting requests into flight while rows and memory allow, oldest first."""
-        bs = self.block_size
-        # Blocks the sequences already in flight still need for what they have to compute.
-        pending = sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
-        rows = rows_held(running)
-        while waiting:
-            request = waiting[0]
-            needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
-            if rows + request.n > self.max_batch_size or (
-                running and self._blocks.available - pending < needed
-            ):
-                return
-            waiting.popleft()
-            try:
-                self._order += 1
-                request.order = self._order
-                running.append(self._sequence(request, 0))
-            except Exception as exc:
-                logger.error("request could not be admitted: %s", type(exc).__name__)
-                yield _empty_result(request, error=ERROR_INTERNAL)
-                continue
-            rows += request.n
-            pending += needed
-
     def _sequence(self, request: Request, choice: int) -> Sequence:
         sampling = row_sampling(
             request.request.params,
@@ -302,159 +222,42 @@ class Engine:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _step(self, running: list[Sequence]) -> tuple[list[Sequence], list[Sequence], Failed]:
+    def _step(self, scheduler: Scheduler) -> tuple[list[Sequence], list[Sequence], Failed]:
         """Schedule, run and sample one step. Returns the sequences that took part, those
         that finished and the requests that failed (already out of flight)."""
         failed = Failed()
         while True:
-            work = self._schedule(running)
+            work = scheduler.schedule()
             try:
                 logits = self._runner.run(work, failed)
                 break
             except torch.OutOfMemoryError:
-                if len(work) <= 1 and sum(t for _, t in work) <= 1:
+                if not scheduler.shrink(work):
                     for seq, _ in work:
                         failed.add(seq.owner)
-                    self._drop(running, failed.owners)
+                    scheduler.drop(failed.owners)
                     return [s for s, _ in work], [], failed
-                logger.warning("out of memory in a step of %d sequences; halving", len(work))
-                self._step_rows = max(1, len(work) // 2)
-                self._step_tokens = max(1, sum(t for _, t in work) // 2)
                 self._runner.release_memory()
 
         stepped = [seq for seq, _ in work]
-        sampled: list[Sequence] = []
-        rows: list[torch.Tensor] = []
-        for (seq, take), row in zip(work, logits, strict=True):
-            if seq.owner in failed.owners:
-                continue
-            seq.computed += take
-            self._blocks.seal(seq)
-            if seq.computed < seq.length or row is None:
-                continue
-            sampled.append(seq)
-            rows.append(row)
-            if seq.choice == 0 and seq.owner.n > 1 and not seq.owner.forked:
-                try:
-                    forks = self._fork(seq)
-                except Exception as exc:
-                    logger.error("choices could not be forked: %s", type(exc).__name__)
-                    failed.add(seq.owner)
-                    continue
-                running.extend(forks)
-                sampled.extend(forks)
-                rows.extend([row] * len(forks))
-        self._drop(running, failed.owners)
+        sampled, rows = scheduler.computed(work, logits, failed)
+        scheduler.drop(failed.owners)
         keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
         sampled = [sampled[i] for i in keep]
         if not sampled:
             return stepped, [], failed
         tokens = self._runner.next_tokens(torch.stack([rows[i] for i in keep]), sampled, failed)
-        finished = self._advance(running, sampled, tokens, failed)
-        self._drop(running, failed.owners)
+        finished = self._advance(sampled, tokens, failed)
+        scheduler.finish(finished)
+        scheduler.drop(failed.owners)
         return stepped, finished, failed
-
-    def _schedule(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
-        """Pick (sequence, tokens to compute) for this step, reserving their blocks."""
-        budget = self._step_tokens
-        limit = self._step_rows
-        # Decoding sequences first (one token each), oldest first; preempt the youngest when
-        # their new blocks do not fit.
-        decoding = [s for s in running if s.length - s.computed == 1][: min(budget, limit)]
-        while True:
-            short = sum(1 for s in decoding if self._blocks.needed(s, 1)) - self._blocks.available
-            if short <= 0:
-                break
-            victim = self._youngest_holder(running)
-            if victim is None or (victim in decoding and len(decoding) == 1):
-                break
-            self._preempt(victim)
-            if victim in decoding:
-                decoding.remove(victim)
-        work: list[tuple[Sequence, int]] = []
-        for seq in decoding:
-            if self._blocks.grow(seq, 1):
-                work.append((seq, 1))
-        budget -= len(work)
-        deferred = self._schedule_prompts(running, work, budget, limit, wait=self.prefix_cache)
-        if not work and deferred:
-            # Waiting for a block that cannot be computed now (memory) would stall everyone.
-            self._schedule_prompts(running, work, budget, limit, wait=False)
-        if not work:
-            # Every sequence is waiting for memory: free the youngest and go on with the rest.
-            victim = self._youngest_holder(running)
-            if victim is not None and victim is not min(running, key=age):
-                self._preempt(victim)
-                return self._schedule(running)
-            raise RuntimeError("no sequence can be scheduled")  # cannot happen: see _invalid
-        return work
-
-    def _schedule_prompts(
-        self,
-        running: list[Sequence],
-        work: list[tuple[Sequence, int]],
-        budget: int,
-        limit: int,
-        *,
-        wait: bool,
-    ) -> bool:
-        """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
-
-        With `wait`, a sequence whose next block is one an older sequence has still to compute
-        skips the step and reads that block from the cache once it is there: a prefix shared
-        by many rows admitted together is computed once, not once per row.
-        """
-        bs = self.block_size
-        coming: set[bytes] = set()
-        deferred = False
-        for seq in sorted(running, key=age):
-            if budget <= 0 or len(work) >= limit:
-                break
-            if seq.length - seq.computed <= 1:
-                continue
-            self._blocks.reuse_cached(seq)
-            if wait:
-                pending = seq.prompt_digests[seq.computed // bs :]
-                if pending and seq.computed % bs == 0 and pending[0] in coming:
-                    deferred = True
-                    continue
-                coming.update(pending)
-            take = self._blocks.grow(seq, min(seq.length - seq.computed, budget))
-            if take:
-                work.append((seq, take))
-                budget -= take
-        return deferred
-
-    def _youngest_holder(self, running: list[Sequence]) -> Sequence | None:
-        holders = [s for s in running if s.blocks]
-        return max(holders, key=age) if holders else None
-
-    def _preempt(self, seq: Sequence) -> None:
-        """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
-        self._blocks.reset(seq)
-        seq.preempted = True
-
-    def _fork(self, seq: Sequence) -> list[Sequence]:
-        """The other n-1 choices of a request, sharing the blocks of its prefilled prompt."""
-        owner = seq.owner
-        owner.forked = True
-        forks = []
-        for choice in range(1, owner.n):
-            fork = self._sequence(owner, choice)
-            self._blocks.fork(seq, fork)
-            forks.append(fork)
-        return forks
 
     # -- sampling and appending -------------------------------------------------------------
 
     def _advance(
-        self,
-        running: list[Sequence],
-        sequences: list[Sequence],
-        tokens: list[int | None],
-        failed: Failed,
+        self, sequences: list[Sequence], tokens: list[int | None], failed: Failed
     ) -> list[Sequence]:
-        """Append each sequence's new token; take out and return those that finished."""
+        """Append each sequence's new token; returns those that finished."""
         finished: list[Sequence] = []
         for seq, token in zip(sequences, tokens, strict=True):
             if token is None or seq.owner in failed.owners:
@@ -467,11 +270,6 @@ class Engine:
                 continue
             if reason is not None:
                 finished.append(seq)
-        if finished:
-            done = set(map(id, finished))
-            for seq in finished:
-                self._blocks.release(seq)
-            running[:] = [s for s in running if id(s) not in done]
         return finished
 
     def _append(self, seq: Sequence, token: int) -> str | None:

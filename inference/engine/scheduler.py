@@ -1,0 +1,292 @@
+"""The scheduler: admission, the plan of each step, preemption (one per `generate` call).
+
+Requests wait until a row is free and the memory left (blocks.py) covers their prompt plus
+what the sequences in flight still have to compute; then their first choice is in flight, and
+the other n - 1 are forked from it once its prompt is prefilled, sharing its blocks.
+
+Every step has a budget of rows and tokens: one token for each decoding sequence, oldest first
+(the youngest holder of blocks preempted when their new blocks do not fit: its blocks go back,
+its tokens stay, and it is computed again later, mostly from the prefix cache), then pieces of
+prompts, oldest first (chunked prefill). Out of memory in a forward halves the budget for the
+rest of the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Collection
+
+import torch
+
+from .blocks import BlockManager
+from .sequence import Failed, Request, Sequence, Work, age, rows_held
+from .types import ERROR_CONTEXT_LENGTH, ERROR_INVALID_REQUEST, GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        *,
+        max_batch_size: int,
+        max_step_tokens: int,
+        context_length: int,
+        media_modalities: Collection[str],
+        new_sequence: Callable[[Request, int], Sequence],
+    ) -> None:
+        """`new_sequence(request, choice)`: a fresh sequence (its sampling state) for a choice."""
+        self.blocks = blocks
+        self.max_batch_size = max_batch_size
+        self.context_length = context_length
+        self.media_modalities = media_modalities
+        self.running: list[Sequence] = []
+        self.waiting: deque[Request] = deque()
+        self._new_sequence = new_sequence
+        self._order = 0
+        self._step_rows = max_batch_size  # lowered for the rest of the call by out-of-memory
+        self._step_tokens = max_step_tokens
+
+    # -- admission --------------------------------------------------------------------------
+
+    def refusal(self, request: GenerationRequest) -> str | None:
+        """The error code of a request that can never run, or None."""
+        p = request.params
+        if (
+            not request.prompt_ids
+            or p.max_new_tokens < 1
+            or not 1 <= p.n <= self.max_batch_size
+            or p.temperature < 0
+            or not 0 < p.top_p <= 1
+        ):
+            return ERROR_INVALID_REQUEST
+        end = 0
+        for media in request.media:
+            if (
+                media.modality not in self.media_modalities
+                or media.start < end
+                or media.length < 1
+                or media.start + media.length >= len(request.prompt_ids)
+            ):
+                return ERROR_INVALID_REQUEST
+            end = media.start + media.length
+        total = len(request.prompt_ids) + p.max_new_tokens
+        if total > self.context_length:
+            return ERROR_CONTEXT_LENGTH
+        # Each choice may need its own blocks for the whole context; more than the memory holds
+        # could never finish.
+        if not self.blocks.could_hold(total, p.n):
+            return ERROR_CONTEXT_LENGTH
+        return None
+
+    @property
+    def holding(self) -> bool:
+        """Whether any request is in flight or waiting."""
+        return bool(self.running or self.waiting)
+
+    def rows_in_use(self) -> int:
+        """Rows held by the requests in flight and waiting: n each."""
+        return rows_held(self.running) + sum(r.n for r in self.waiting)
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def admit(self) -> list[Request]:
+        """Move waiting requests into flight while rows and memory allow, oldest first.
+        Returns the requests whose admission raised (taken out of the queue)."""
+        bs = self.blocks.block_size
+        running, waiting = self.running, self.waiting
+        # Blocks the sequences already in flight still need for what they have to compute.
+        pending = sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
+        rows = rows_held(running)
+        failed: list[Request] = []
+        while waiting:
+            request = waiting[0]
+            needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
+            if rows + request.n > self.max_batch_size or (
+                running and self.blocks.available - pending < needed
+            ):
+                break
+            waiting.popleft()
+            try:
+                self._order += 1
+                request.order = self._order
+                running.append(self._new_sequence(request, 0))
+            except Exception as exc:
+                logger.error("request could not be admitted: %s", type(exc).__name__)
+                failed.append(request)
+                continue
+            rows += request.n
+            pending += needed
+        return failed
+
+    def abort(self, ids: Collection[str]) -> list[Request]:
+        """Take the requests with these ids out of flight and out of the queue; returns them."""
+        if not ids:
+            return []
+        owners: list[Request] = []
+        for seq in self.running:
+            if seq.owner.request.id in ids and seq.owner not in owners:
+                owners.append(seq.owner)
+        self.drop(owners)
+        for request in [r for r in self.waiting if r.request.id in ids]:
+            self.waiting.remove(request)
+            owners.append(request)
+        return owners
+
+    def drop(self, owners: list[Request]) -> None:
+        """Take every sequence of these requests out of flight, releasing their blocks."""
+        if not owners:
+            return
+        keep = []
+        for seq in self.running:
+            if seq.owner in owners:
+                self.blocks.release(seq)
+            else:
+                keep.append(seq)
+        self.running[:] = keep
+
+    def finish(self, finished: list[Sequence]) -> None:
+        """Take sequences that ended out of flight, releasing their blocks."""
+        if not finished:
+            return
+        done = set(map(id, finished))
+        for seq in finished:
+            self.blocks.release(seq)
+        self.running[:] = [s for s in self.running if id(s) not in done]
+
+    def close(self) -> None:
+        """Release every block still held (the call ends, however it ends)."""
+        for seq in self.running:
+            self.blocks.release(seq)
+
+    # -- the step's plan --------------------------------------------------------------------
+
+    def schedule(self) -> Work:
+        """Pick (sequence, tokens to compute) for this step, reserving their blocks."""
+        running = self.running
+        budget = self._step_tokens
+        limit = self._step_rows
+        # Decoding sequences first (one token each), oldest first; preempt the youngest when
+        # their new blocks do not fit.
+        decoding = [s for s in running if s.length - s.computed == 1][: min(budget, limit)]
+        while True:
+            short = sum(1 for s in decoding if self.blocks.needed(s, 1)) - self.blocks.available
+            if short <= 0:
+                break
+            victim = self._youngest_holder()
+            if victim is None or (victim in decoding and len(decoding) == 1):
+                break
+            self._preempt(victim)
+            if victim in decoding:
+                decoding.remove(victim)
+        work: Work = []
+        for seq in decoding:
+            if self.blocks.grow(seq, 1):
+                work.append((seq, 1))
+        budget -= len(work)
+        wait = self.blocks.prefix_cache
+        deferred = self._schedule_prompts(work, budget, limit, wait=wait)
+        if not work and deferred:
+            # Waiting for a block that cannot be computed now (memory) would stall everyone.
+            self._schedule_prompts(work, budget, limit, wait=False)
+        if not work:
+            # Every sequence is waiting for memory: free the youngest and go on with the rest.
+            victim = self._youngest_holder()
+            if victim is not None and victim is not min(running, key=age):
+                self._preempt(victim)
+                return self.schedule()
+            raise RuntimeError("no sequence can be scheduled")  # cannot happen: see refusal
+        return work
+
+    def _schedule_prompts(self, work: Work, budget: int, limit: int, *, wait: bool) -> bool:
+        """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
+
+        With `wait`, a sequence whose next block is one an older sequence has still to compute
+        skips the step and reads that block from the cache once it is there: a prefix shared
+        by many rows admitted together is computed once, not once per row.
+        """
+        bs = self.blocks.block_size
+        coming: set[bytes] = set()
+        deferred = False
+        for seq in sorted(self.running, key=age):
+            if budget <= 0 or len(work) >= limit:
+                break
+            if seq.length - seq.computed <= 1:
+                continue
+            self.blocks.reuse_cached(seq)
+            if wait:
+                pending = seq.prompt_digests[seq.computed // bs :]
+                if pending and seq.computed % bs == 0 and pending[0] in coming:
+                    deferred = True
+                    continue
+                coming.update(pending)
+            take = self.blocks.grow(seq, min(seq.length - seq.computed, budget))
+            if take:
+                work.append((seq, take))
+                budget -= take
+        return deferred
+
+    def shrink(self, work: Work) -> bool:
+        """After `work` ran out of memory: halve the step's rows and tokens for the rest of the
+        call. False when it was a single token already (nothing smaller to try)."""
+        if len(work) <= 1 and sum(t for _, t in work) <= 1:
+            return False
+        logger.warning("out of memory in a step of %d sequences; halving", len(work))
+        self._step_rows = max(1, len(work) // 2)
+        self._step_tokens = max(1, sum(t for _, t in work) // 2)
+        return True
+
+    def computed(
+        self, work: Work, logits: list[torch.Tensor | None], failed: Failed
+    ) -> tuple[list[Sequence], list[torch.Tensor]]:
+        """Record what the step computed: seal the blocks that became full, fork the other
+        choices of a request whose prompt is now prefilled. Returns the sequences that sample
+        a token now, with their logits (a fork shares its first choice's)."""
+        sampled: list[Sequence] = []
+        rows: list[torch.Tensor] = []
+        for (seq, take), row in zip(work, logits, strict=True):
+            if seq.owner in failed.owners:
+                continue
+            seq.computed += take
+            self.blocks.seal(seq)
+            if seq.computed < seq.length or row is None:
+                continue
+            sampled.append(seq)
+            rows.append(row)
+            if seq.choice == 0 and seq.owner.n > 1 and not seq.owner.forked:
+                try:
+                    forks = self._fork(seq)
+                except Exception as exc:
+                    logger.error("choices could not be forked: %s", type(exc).__name__)
+                    failed.add(seq.owner)
+                    continue
+                self.running.extend(forks)
+                sampled.extend(forks)
+                rows.extend([row] * len(forks))
+        return sampled, rows
+
+    # -- preemption and forks ---------------------------------------------------------------
+
+    def _youngest_holder(self) -> Sequence | None:
+        holders = [s for s in self.running if s.blocks]
+        return max(holders, key=age) if holders else None
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Give a sequence's blocks back; it keeps its tokens and is recomputed later."""
+        self.blocks.reset(seq)
+        seq.preempted = True
+
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """The other n-1 choices of a request, sharing the blocks of its prefilled prompt."""
+        owner = seq.owner
+        owner.forked = True
+        forks = []
+        for choice in range(1, owner.n):
+            fork = self._new_sequence(owner, choice)
+            self.blocks.fork(seq, fork)
+            forks.append(fork)
+        return forks
