@@ -18,6 +18,7 @@ from inference.engine.types import (
     GenerationResult,
     SamplingParams,
     TokenLogprob,
+    ToolCalls,
 )
 from inference.media_layout import MediaLayout
 from inference.structured import grammar_for, parse_tool_calls, tool_choice_mode
@@ -80,8 +81,19 @@ def sampling_params(body: dict[str, Any]) -> SamplingParams:
         logprobs=body.get("logprobs") is True,
         top_logprobs=int(body.get("top_logprobs") or 0),
         constraint=ConstraintSpec(grammar) if (grammar := grammar_for(body)) else None,
-        tool_calls=bool(body.get("tools")) and tool_choice_mode(body)[0] != "none",
+        tool_calls=tool_calls(body),
     )
+
+
+def tool_calls(body: dict[str, Any]) -> ToolCalls | None:
+    """How the row's tool calls are read back; None when its output cannot be tool calls."""
+    tools = body.get("tools") or []
+    mode, named = tool_choice_mode(body)
+    if not tools or mode == "none":
+        return None
+    if named is not None:
+        return ToolCalls(names=(named,), named=True)
+    return ToolCalls(names=tuple(tool["function"]["name"] for tool in tools))
 
 
 def usage_payload(*, prompt: int, cached: int, completion: int) -> dict[str, Any]:
@@ -97,7 +109,7 @@ def usage_payload(*, prompt: int, cached: int, completion: int) -> dict[str, Any
 def completion_body(
     result: GenerationResult, *, completion_id: str, model: str, model_config_id: str, created: int
 ) -> dict[str, Any]:
-    tool_calls = result.params is not None and result.params.tool_calls
+    tools = result.params.tool_calls if result.params is not None else None
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -105,7 +117,7 @@ def completion_body(
         "model": model,
         "system_fingerprint": model_config_id,
         "choices": [
-            _choice(choice, seed=f"{completion_id}:{choice.index}", tool_calls=tool_calls)
+            _choice(choice, seed=f"{completion_id}:{choice.index}", tools=tools)
             for choice in result.choices
         ],
         "usage": usage_payload(
@@ -116,15 +128,17 @@ def completion_body(
     }
 
 
-def _choice(choice: Choice, *, seed: str, tool_calls: bool) -> dict[str, Any]:
+def _choice(choice: Choice, *, seed: str, tools: ToolCalls | None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
     finish_reason = choice.finish_reason
-    calls = parse_tool_calls(choice.text, seed=seed) if tool_calls else None
+    calls = parse_tool_calls(choice.text, seed=seed, names=tools.names) if tools else None
     if calls is not None:
-        # The reply is its calls, as the reference gives it: no text beside them.
+        # The reply is its calls, as the reference gives it: no text beside them, a call cut by
+        # max_tokens among them ("length"); none when it was cut before a name was written.
         message["content"] = None
-        message["tool_calls"] = calls
-        if finish_reason == FINISH_STOP:
+        if calls:
+            message["tool_calls"] = calls
+        if finish_reason == FINISH_STOP and tools is not None and not tools.named:
             finish_reason = FINISH_TOOL_CALLS
     return {
         "index": choice.index,

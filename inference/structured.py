@@ -13,8 +13,10 @@ is implemented, "hermes" (Qwen 2.5, Hermes and the demo model):
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-one block per call, blocks separated by a newline. This module imports llguidance, never
-torch: the web process uses it.
+one block per call, blocks separated by a newline. Each tool's `parameters` are compiled as a
+JSON schema of their own (a `$ref` in them resolves against them), and a schema with no finite
+value (a `$ref` cycle with no way out) is refused like any other uncompilable one. This module
+imports llguidance, never torch: the web process uses it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import functools
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 import llguidance
@@ -37,6 +40,8 @@ TOOL_CALL_FORMATS = (HERMES,)
 _JSON_OPTIONS = {"whitespace_flexible": False}
 _CALL_OPEN, _CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _CALL_BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+# A call's JSON as the grammar writes it: `{"name":"f","arguments":{…}}`.
+_CALL_HEAD, _CALL_ARGUMENTS = '{"name":', ',"arguments":'
 # Keywords named back in an error message only when they look like keywords (never content).
 _KEYWORD = re.compile(r"[A-Za-z$][A-Za-z0-9_$]{0,63}")
 
@@ -52,13 +57,6 @@ class GrammarError(ValueError):
         super().__init__(message)
         self.message = message
         self.unsupported = unsupported
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """What the completion needs to know about a request's tools."""
-
-    tool_choice: str  # "auto" | "required" | "function" | "none"
 
 
 def strict_schema(schema: Any) -> Any:
@@ -129,29 +127,27 @@ def tool_choice_mode(body: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def _json_rule(schema: dict[str, Any]) -> str:
+    """A `%json` rule enforcing `schema`; raises GrammarError when no finite value matches it
+    (every schema of a grammar comes through here: the upload check and the run alike)."""
     # Our compile options replace any the schema brings: they are not JSON Schema.
-    return "%json " + json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
+    text = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
+    _require_finite(text)
+    return "%json " + text
 
 
 def _calls_rule(tools: list[dict[str, Any]], *, parallel: bool) -> list[str]:
-    variants = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool["function"]["name"]},
-                "arguments": function_schema(tool),
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for tool in tools
-    ]
-    call = variants[0] if len(variants) == 1 else {"anyOf": variants}
-    return [
+    # One alternative per tool: its name as a literal, its parameters as a schema of their own
+    # (so their local `$ref`s resolve against them), in the compact `{"name":…,"arguments":…}`.
+    lines = [
         'calls: call ("\\n" call)*' if parallel else "calls: call",
         f"call: {json.dumps(_CALL_OPEN)} call_body {json.dumps(_CALL_CLOSE)}",
-        f"call_body: {_json_rule(call)}",
+        "call_body: " + " | ".join(f"call_{i}" for i in range(len(tools))),
     ]
+    for i, tool in enumerate(tools):
+        head = _CALL_HEAD + json.dumps(tool["function"]["name"]) + _CALL_ARGUMENTS
+        lines.append(f'call_{i}: {json.dumps(head)} arguments_{i} "}}"')
+        lines.append(f"arguments_{i}: {_json_rule(function_schema(tool))}")
+    return lines
 
 
 def grammar_for(body: dict[str, Any], *, tool_call_format: str = HERMES) -> str | None:
@@ -241,41 +237,239 @@ def _explain(error: str) -> GrammarError:
     )
 
 
+# -- schemas no finite value matches ----------------------------------------------------------
+
+_MISSING = object()
+
+
+@functools.lru_cache(maxsize=256)
+def _require_finite(schema_text: str) -> None:
+    """Raise GrammarError when no finite JSON value can match the schema: a `$ref` cycle that
+    every branch must take again (`{"$ref": "#"}`, a required property of the definition's own
+    type, an array of at least one of them). The grammar compiler accepts such a schema, and
+    its output could then never end but by `max_tokens`, or could not start at all."""
+    # Cached like _validate: a file's lines usually share one schema.
+    if not _can_end(json.loads(schema_text)):
+        raise GrammarError(
+            "no finite JSON value matches the schema: its $ref recursion has no way to end "
+            "(make the recursive property optional, let the array be empty, or add an anyOf "
+            "branch without the reference)",
+            unsupported=False,
+        )
+
+
+def _can_end(root: Any) -> bool:
+    """Whether a finite value can match `root`, as far as its local `$ref`s decide.
+
+    The least fixed point of "this reference's target has a finite value": no reference is
+    finite at first, and one becomes finite once its target is with what is known, until
+    nothing changes. What this does not model counts as finite: it refuses only a schema that
+    certainly has no value, and the compiler judges the rest.
+    """
+    refs = {
+        ref: target for ref in _local_refs(root) if (target := _resolve(root, ref)) is not _MISSING
+    }
+    finite: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        memo: dict[int, bool] = {}
+        for ref, target in refs.items():
+            if ref not in finite and _ends(target, refs, finite, memo):
+                finite.add(ref)
+                changed = True
+    return _ends(root, refs, finite, {})
+
+
+def _ends(node: Any, refs: dict[str, Any], finite: set[str], memo: dict[int, bool]) -> bool:
+    if isinstance(node, bool):
+        return node
+    if not isinstance(node, dict):
+        return True
+    key = id(node)
+    if key not in memo:
+        memo[key] = _node_ends(node, refs, finite, memo)
+    return memo[key]
+
+
+def _node_ends(
+    node: dict[str, Any], refs: dict[str, Any], finite: set[str], memo: dict[int, bool]
+) -> bool:
+    def ends(sub: Any) -> bool:
+        return _ends(sub, refs, finite, memo)
+
+    if "const" in node or "enum" in node:
+        return True  # the value is one of the literals given
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref in refs and ref not in finite:
+        return False
+    all_of, any_of, one_of = node.get("allOf"), node.get("anyOf"), node.get("oneOf")
+    if isinstance(all_of, list) and not all(ends(sub) for sub in all_of):
+        return False
+    for branches in (any_of, one_of):
+        if isinstance(branches, list) and branches and not any(ends(sub) for sub in branches):
+            return False
+    kind = node.get("type")
+    kinds = [kind] if isinstance(kind, str) else kind
+    if not isinstance(kinds, list):
+        return True  # any type: null ends it
+    return any(_type_ends(node, kind, ends) for kind in kinds)
+
+
+def _type_ends(node: dict[str, Any], kind: Any, ends: Any) -> bool:
+    if kind == "object":
+        properties = node.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = node.get("required")
+        for name in required if isinstance(required, list) else ():
+            if name in properties:
+                sub = properties[name]
+            elif "patternProperties" in node:
+                continue  # which pattern names it is not modelled
+            else:
+                sub = node.get("additionalProperties", True)
+            if not ends(sub):
+                return False
+        return True
+    if kind == "array":
+        least = node.get("minItems", 0)
+        least = least if isinstance(least, int) and not isinstance(least, bool) else 0
+        prefix, items = node.get("prefixItems"), node.get("items")
+        if isinstance(items, list):  # the older tuple form
+            prefix, items = items, node.get("additionalItems")
+        prefix = prefix if isinstance(prefix, list) else []
+        if not all(ends(sub) for sub in prefix[:least]):
+            return False
+        return least <= len(prefix) or items is None or ends(items)
+    return True
+
+
+def _local_refs(node: Any) -> set[str]:
+    """Every `$ref` of the document that points into it (`#`, `#/$defs/…`, `#/properties/…`)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+                found.add(ref)
+            stack.extend(v for k, v in item.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+# Keywords whose values are JSON data, not schemas.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The node a local JSON-pointer reference names, or _MISSING."""
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
 # -- reading tool calls back ------------------------------------------------------------------
 
 
-def parse_tool_calls(text: str, *, seed: str) -> list[dict[str, Any]] | None:
-    """The tool calls of an output that starts with them (hermes syntax), in the Chat
-    Completions shape with ids derived from `seed`; None when the output holds no tool call.
+def parse_tool_calls(
+    text: str, *, seed: str, names: Sequence[str] = ()
+) -> list[dict[str, Any]] | None:
+    """The tool calls of an output that is tool calls (hermes syntax), in the Chat Completions
+    shape with ids derived from `seed`; None when the output is not tool calls (free text, a
+    JSON answer). Markup of the syntax never comes back as text.
 
-    Only complete, well-formed blocks count: a reply cut by `max_tokens` mid-call is text.
+    An output cut by `max_tokens` keeps its complete calls, and the cut call comes back with
+    the arguments written so far (a string, possibly not JSON yet, as the reference gives it).
+    Its name is the one written, or else the only one of `names` (the functions the grammar
+    allowed) that begins with what was written of it; a call cut before its name is known is
+    left out, so a reply cut that early may hold no call at all (an empty list).
     """
     stripped = text.lstrip()
-    if not stripped.startswith("<tool_call>"):
+    if not (stripped.startswith(_CALL_OPEN) or (stripped and _CALL_OPEN.startswith(stripped))):
         return None
-    calls: list[dict[str, Any]] = []
+    calls: list[tuple[str, str]] = []
     position = 0
     for match in _CALL_BLOCK.finditer(stripped):
         if stripped[position : match.start()].strip():
             return None
         position = match.end()
-        try:
-            call = json.loads(match.group(1))
-        except ValueError:
+        call = _read_call(match.group(1))
+        if call is None:
             return None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        calls.append(call)
+    tail = stripped[position:].lstrip()  # a cut string argument keeps its trailing blanks
+    if tail:
+        cut = _read_cut_call(tail, names)
+        if cut is _MALFORMED:
             return None
-        digest = hashlib.sha256(f"{seed}:{len(calls)}".encode()).hexdigest()[:24]
-        calls.append(
-            {
-                "id": f"call_{digest}",
-                "type": "function",
-                "function": {
-                    "name": call["name"],
-                    "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
-                },
-            }
-        )
-    if not calls or stripped[position:].strip():
+        if isinstance(cut, tuple):
+            calls.append(cut)
+    return [
+        {
+            "id": "call_" + hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:24],
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
+        for index, (name, arguments) in enumerate(calls)
+    ]
+
+
+_MALFORMED = object()
+
+
+def _read_call(body: str) -> tuple[str, str] | None:
+    """(name, arguments) of one complete call's JSON; None when it is not one."""
+    try:
+        call = json.loads(body)
+    except ValueError:
         return None
-    return calls
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":"))
+    return call["name"], arguments
+
+
+def _read_cut_call(tail: str, names: Sequence[str]) -> tuple[str, str] | object | None:
+    """(name, arguments so far) of the call an output was cut in; None when its name is not
+    known yet; _MALFORMED when `tail` is not the start of a call."""
+    if len(tail) <= len(_CALL_OPEN):
+        return _cut_name("", names) if _CALL_OPEN.startswith(tail) else _MALFORMED  # in the tag
+    if not tail.startswith(_CALL_OPEN):
+        return _MALFORMED
+    body = tail[len(_CALL_OPEN) :]
+    # Compact JSON holds no raw newline: one ends the call's JSON, and begins its closing tag.
+    body, newline, closing = body.partition("\n")
+    whole = _read_call(body)
+    if newline:
+        return whole if whole is not None and _CALL_CLOSE.startswith("\n" + closing) else _MALFORMED
+    if whole is not None:
+        return whole
+    head = _CALL_HEAD + '"'
+    if len(body) <= len(head):
+        return _cut_name("", names) if head.startswith(body) else _MALFORMED
+    if not body.startswith(head):
+        return _MALFORMED
+    written, quote, after = body[len(head) :].partition('"')
+    if not quote:
+        return _cut_name(written, names)
+    if len(after) <= len(_CALL_ARGUMENTS):
+        return (written, "") if _CALL_ARGUMENTS.startswith(after) else _MALFORMED
+    if not after.startswith(_CALL_ARGUMENTS):
+        return _MALFORMED
+    return written, after[len(_CALL_ARGUMENTS) :]
+
+
+def _cut_name(written: str, names: Sequence[str]) -> tuple[str, str] | None:
+    """(the only name of `names` that begins with `written`, no arguments), or None."""
+    matching = [name for name in names if name.startswith(written)]
+    return (matching[0], "") if len(matching) == 1 else None

@@ -55,6 +55,13 @@ def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
+class GrammarDeadEnd(RuntimeError):
+    """A sequence's grammar allows no next token although it is not complete."""
+
+    def __init__(self) -> None:
+        super().__init__("the grammar allows no next token")
+
+
 class Constraint:
     """One sequence's position in its grammar."""
 
@@ -67,15 +74,23 @@ class Constraint:
         return self.matcher.is_error()
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 words, CPU)."""
+        """Write the allowed next tokens into `bitmask[row]` (int32 words, CPU).
+
+        Raises GrammarDeadEnd when the grammar has no way on: the row fails (the engine ends it
+        with an error) rather than stop with an output its grammar never completed.
+        """
         if self.matcher.is_error():
-            return  # left all-allowed: never reached with a grammar the validator compiled
+            raise GrammarDeadEnd()
         # What llguidance.torch.fill_next_token_bitmask does; importing that module pulls in
         # torch.compile (seconds, and warnings) for a kernel this engine does not use.
         words = bitmask[row]
         if bitmask.dtype != torch.int32 or not words.is_contiguous() or not bitmask.is_cpu:
             raise ValueError("the bitmask must be a contiguous int32 tensor on the CPU")
         self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        if self.matcher.is_error():
+            # No token continues it (a schema with no finite value the validator missed): the
+            # mask would allow only end-of-sequence, and an empty or partial output end "stop".
+            raise GrammarDeadEnd()
 
     def advance(self, token: int) -> None:
         if token in self.table.eos_ids or self.matcher.is_stopped():

@@ -31,6 +31,16 @@ class ConstraintSpec:
     grammar: str
 
 
+@dataclass(frozen=True)
+class ToolCalls:
+    """What the completion needs to read a row's tool calls back, as plain data."""
+
+    names: tuple[str, ...]  # the functions the row's grammar lets it call
+    # tool_choice names one function: a completed call ends "stop", as the reference answers
+    # (auto and required: "tool_calls").
+    named: bool = False
+
+
 @dataclass
 class SamplingParams:
     max_new_tokens: int
@@ -48,9 +58,9 @@ class SamplingParams:
     logprobs: bool = False  # record each sampled token's log probability
     top_logprobs: int = 0  # and this many most likely alternatives (0-20)
     constraint: ConstraintSpec | None = None
-    # The request's tools are enforced and their calls are read back (inference/structured.py);
-    # echoed to the completion through GenerationResult.params.
-    tool_calls: bool = False
+    # Set when the request's tools are enforced and their calls are read back
+    # (inference/structured.py); echoed to the completion through GenerationResult.params.
+    tool_calls: ToolCalls | None = None
 
 
 @dataclass(frozen=True)

@@ -836,6 +836,102 @@ def test_tool_parameters_schema_is_compiled_at_upload():
     )
 
 
+# Schemas no finite value matches: every way through their $ref recursion comes back.
+ENDLESS_SCHEMAS = {
+    "self": {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    "a-b-a": {
+        "$ref": "#/$defs/a",
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+    },
+    "required property": {
+        "$ref": "#/$defs/node",
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"next": {"$ref": "#/$defs/node"}},
+                "required": ["next"],
+            }
+        },
+    },
+    "root": {"type": "object", "properties": {"me": {"$ref": "#"}}, "required": ["me"]},
+    "non-empty array": {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    "every branch": {
+        "anyOf": [
+            {"$ref": "#"},
+            {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+        ]
+    },
+}
+# Recursive schemas with a way out: accepted.
+ENDING_SCHEMAS = {
+    "tree, optional children": {
+        "$ref": "#/$defs/node",
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "value": {"type": "integer"},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["value"],
+            }
+        },
+    },
+    "linked list ending in null": {
+        "type": "object",
+        "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["next"],
+    },
+    "plain local reference": {
+        "type": "object",
+        "properties": {"city": {"$ref": "#/$defs/city"}},
+        "$defs": {"city": {"type": "string", "maxLength": 20}},
+    },
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("schema", ENDLESS_SCHEMAS.values(), ids=ENDLESS_SCHEMAS)
+def test_a_response_schema_no_finite_value_matches_is_refused(schema, strict):
+    report = validate(
+        jsonl(
+            make_request("ok"),
+            make_request("bad", response_format=json_schema_format(schema, strict=strict)),
+        )
+    )
+
+    assert only_error(report) == (2, "body.response_format.json_schema.schema", "invalid_parameter")
+    assert "$ref" in report.errors[0].message
+    assert [line.custom_id for line in report.lines] == ["ok"]
+
+
+@pytest.mark.parametrize("schema", ENDLESS_SCHEMAS.values(), ids=ENDLESS_SCHEMAS)
+def test_tool_parameters_no_finite_value_matches_are_refused_by_the_same_check(schema):
+    endless = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    report = validate(
+        jsonl(make_request("ok"), make_request("bad", tools=[WEATHER, endless])),
+        target=TOOLS_TARGET,
+    )
+
+    assert only_error(report) == (2, "body.tools[1].function.parameters", "invalid_parameter")
+    assert "$ref" in report.errors[0].message
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("schema", ENDING_SCHEMAS.values(), ids=ENDING_SCHEMAS)
+def test_recursive_schemas_that_can_end_are_accepted(schema, strict):
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema, "strict": strict}}
+    data = jsonl(
+        make_request("format", response_format=json_schema_format(schema, strict=strict)),
+        # A tool's $ref resolves against its own parameters.
+        make_request("tool", tools=[tool], tool_choice="required"),
+    )
+
+    report = validate(data, target=TOOLS_TARGET)
+
+    assert report.ok, report.errors
+
+
 def test_tools_on_a_revision_without_tool_support_are_refused():
     data = jsonl(make_request("ok"), make_request("bad", tools=[WEATHER]))
 

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llguidance
 import pytest
 import torch
 
 from inference.chat_completions import completion_body, prompt_ids, sampling_params
 from inference.engine import Engine, GenerationRequest, load_model
 from inference.engine.sampling import row_sampling, sample
+from inference.engine.types import ERROR_INTERNAL, ConstraintSpec
 
 pytestmark = pytest.mark.model
 
@@ -207,7 +209,9 @@ def test_forced_tool_call_has_valid_arguments(engine):
     }
     for request, completion in zip(bodies, completions, strict=True):
         choice = completion["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
+        # As the reference answers: "tool_calls" for required, "stop" for a named function.
+        expected = "tool_calls" if request["tool_choice"] == "required" else "stop"
+        assert choice["finish_reason"] == expected, choice
         assert choice["message"]["content"] is None
         calls = choice["message"]["tool_calls"]
         assert calls and len({c["id"] for c in calls}) == len(calls)
@@ -217,6 +221,79 @@ def test_forced_tool_call_has_valid_arguments(engine):
             jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[name])
         if request["tool_choice"] != "required":
             assert [c["function"]["name"] for c in calls] == ["lookup"]
+
+
+def test_a_named_call_cut_by_max_tokens_is_a_call_with_the_arguments_so_far(engine):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    bodies = [
+        body(tools=[WEATHER, LOOKUP], tool_choice=named, seed=tokens, max_completion_tokens=tokens)
+        for tokens in range(1, 64, 3)
+    ]
+
+    completions = run(engine, bodies)
+
+    partial = 0
+    for completion in completions:
+        choice = completion["choices"][0]
+        assert choice["finish_reason"] == "length", choice
+        assert choice["message"]["content"] is None  # never the template's markup
+        (call,) = choice["message"]["tool_calls"]
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        assert call["function"]["name"] == "get_weather"
+        arguments = call["function"]["arguments"]
+        assert isinstance(arguments, str) and "<" not in arguments
+        try:
+            json.loads(arguments)
+        except ValueError:
+            partial += arguments.startswith("{")
+    assert partial  # some rows were cut inside the arguments, which come back as written
+
+
+def test_required_calls_cut_by_max_tokens_keep_the_complete_ones(engine):
+    names = {"get_weather", "lookup"}
+    bodies = [
+        body(tools=[WEATHER, LOOKUP], tool_choice="required", seed=seed, max_completion_tokens=90)
+        for seed in range(12)
+    ]
+
+    completions = run(engine, bodies)
+
+    for completion in completions:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        assert message["content"] is None
+        calls = message.get("tool_calls") or []
+        assert {c["function"]["name"] for c in calls} <= names
+        complete = calls if choice["finish_reason"] == "tool_calls" else calls[:-1]
+        for call in complete:  # every call before the cut parses
+            json.loads(call["function"]["arguments"])
+        if choice["finish_reason"] == "tool_calls":
+            assert calls
+
+
+def test_a_grammar_with_no_way_on_fails_the_row_rather_than_stop_empty(engine):
+    # A schema with no finite value, past the upload check (which refuses it): the engine
+    # must not answer the row "stop" with an output its grammar never completed.
+    endless = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+    grammar = llguidance.LLMatcher.grammar_from_lark(
+        "%llguidance {}\nstart: answer\nanswer: %json " + json.dumps(endless) + "\n"
+    )
+    request = body(max_completion_tokens=8)
+    params = sampling_params(request)
+    params.constraint = ConstraintSpec(grammar)
+    plain = GenerationRequest(
+        "plain", prompt_ids(engine.tokenizer, request), sampling_params(request)
+    )
+
+    results = {
+        r.id: r
+        for r in engine.generate(
+            [GenerationRequest("dead", prompt_ids(engine.tokenizer, request), params), plain]
+        )
+    }
+
+    assert results["dead"].error == ERROR_INTERNAL and results["dead"].choices == []
+    assert results["plain"].error is None and results["plain"].choices  # its batch is unharmed
 
 
 def test_parallel_tool_calls_false_allows_one_call(engine):

@@ -1,0 +1,60 @@
+"""Structured-output schemas over HTTP: a schema no finite value matches is refused at upload
+(SPEC §4.1) and nothing is stored; a recursive schema with a way out is accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from files.models import File
+from tests.conftest import Api, jsonl, request_line
+from tests.files.test_validation import ENDING_SCHEMAS, ENDLESS_SCHEMAS, json_schema_format
+
+pytestmark = pytest.mark.django_db
+
+
+def tool(schema: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": schema}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        (
+            lambda schema: {"response_format": json_schema_format(schema)},
+            "body.response_format.json_schema.schema",
+        ),
+        (
+            lambda schema: {"tools": [tool(schema)], "tool_choice": "required"},
+            "body.tools[0].function.parameters",
+        ),
+    ],
+    ids=["response_format", "tools"],
+)
+@pytest.mark.parametrize("schema", ENDLESS_SCHEMAS.values(), ids=ENDLESS_SCHEMAS)
+def test_a_schema_no_finite_value_matches_is_a_400_and_stores_nothing(
+    api: Api, catalog_model, tmp_path: Path, schema, fields, field
+):
+    response = api.upload(jsonl(request_line("ok"), request_line("endless", **fields(schema))))
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input_file"
+    (detail,) = error["details"]
+    assert (detail["line"], detail["field"], detail["code"]) == (2, field, "invalid_parameter")
+    assert File.objects.count() == 0
+    assert not any((tmp_path / "content").rglob("*.enc"))
+
+
+@pytest.mark.parametrize("schema", ENDING_SCHEMAS.values(), ids=ENDING_SCHEMAS)
+def test_a_recursive_schema_that_can_end_is_uploaded(api: Api, catalog_model, schema):
+    rows = [
+        request_line("format", response_format=json_schema_format(schema, strict=True)),
+        request_line("tool", tools=[tool(schema)], tool_choice="required"),
+    ]
+
+    response = api.upload(jsonl(*rows))
+
+    assert response.status_code == 200, response.content
+    assert File.objects.get(id=response.json()["id"]).line_count == 2
