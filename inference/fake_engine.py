@@ -23,6 +23,12 @@ from inference.engine.types import (
 
 
 class FakeEngine:
+    """A `GenerationEngine` (inference/engine/protocol.py) for text rows."""
+
+    media_modalities: frozenset[str] = frozenset()
+    contains_failures = False
+    broken = False
+
     def __init__(
         self,
         tokenizer: Any,
@@ -38,6 +44,9 @@ class FakeEngine:
         self.step_seconds = step_seconds
         self.abort_poll_seconds = abort_poll_seconds
         self.busy_seconds_total = 0.0
+
+    def clear_prefix_cache(self) -> None:
+        """Nothing is cached."""
 
     def generate(
         self,

@@ -16,12 +16,13 @@ from transformers import AutoTokenizer
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess
+from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
 _lock = threading.Lock()
-_engines: OrderedDict[str, Any] = OrderedDict()
+_engines: OrderedDict[str, GenerationEngine] = OrderedDict()
 _tokenizers: OrderedDict[str, Any] = OrderedDict()
 _engine_locks: dict[str, threading.Lock] = {}
 
@@ -71,7 +72,7 @@ def engine_lock(revision_id: str) -> threading.Lock:
         return _engine_locks.setdefault(revision_id, threading.Lock())
 
 
-def engine_for(revision: ModelRevision) -> Any:
+def engine_for(revision: ModelRevision) -> GenerationEngine:
     """The process's engine for `revision`: an `EngineProcess` (the engine in a child
     process, BOARDWALK_ENGINE_PROCESS, the default), an in-process `Engine`, or a
     `FakeEngine` when BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks."""
@@ -83,7 +84,7 @@ def engine_for(revision: ModelRevision) -> Any:
     backend = settings.ENGINE_BACKEND
     if backend.startswith("fake:"):
         tokenizer = _load_tokenizer(revision)
-        engine: Any = FakeEngine(
+        engine: GenerationEngine = FakeEngine(
             tokenizer,
             context_length=revision.context_length,
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
@@ -121,7 +122,7 @@ def _engine_options(revision: ModelRevision) -> dict[str, Any]:
     }
 
 
-def _close(engine: Any) -> None:
+def _close(engine: GenerationEngine) -> None:
     """An engine process ends with its last reference here (an in-process engine is freed)."""
     if isinstance(engine, EngineProcess):
         engine.close()

@@ -35,6 +35,7 @@ from boardwalk.codes import ErrorCode
 from inference.engine.containment import Contained
 from inference.engine.loading import ModelLoadError
 from inference.engine.process import EngineProcessError
+from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult
 from inference.media_layout import MediaLayout
 from inference.models import ModelRevision
@@ -100,7 +101,7 @@ def serve_key(
             return _fail_batches_of(key, message=str(exc))
         # Media rows are laid out only for an engine that runs their encoders.
         layout = media_layout_for(revision)
-        if layout is not None and layout.modality not in getattr(engine, "media_modalities", ()):
+        if layout is not None and layout.modality not in engine.media_modalities:
             layout = None
         run = _Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work, layout)
         with engine_lock(revision.id):
@@ -145,7 +146,7 @@ class _Run:
     def __init__(
         self,
         key: EngineKey,
-        engine: Any,
+        engine: GenerationEngine,
         budget_seconds: float,
         max_items: int | None,
         on_batch_done: Callable[[str], None] | None,
@@ -249,8 +250,9 @@ class _Run:
     ) -> Iterator[GenerationResult]:
         """The engine's results; a request that makes it raise is isolated (see module doc):
         in the engine process itself (`EngineProcess`), or here around an in-process one."""
-        contained = getattr(self.engine, "contains_failures", False)
-        runner = self.engine if contained else Contained(self.engine)
+        runner: GenerationEngine = (
+            self.engine if self.engine.contains_failures else Contained(self.engine)
+        )
         try:
             yield from runner.generate(source, aborted=aborted)
         finally:

@@ -18,19 +18,38 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
+from .protocol import GenerationEngine
 from .types import ERROR_INTERNAL, NOT_READY, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
 
 class Contained:
-    """`generate` of `engine`, with the failures of single requests contained."""
+    """`generate` of `engine`, with the failures of single requests contained; itself a
+    `GenerationEngine`."""
 
-    def __init__(self, engine: Any) -> None:
+    contains_failures = True
+
+    def __init__(self, engine: GenerationEngine) -> None:
         self.engine = engine
         self.broken = False
         self._lock = threading.Lock()
         self._in_engine: dict[str, GenerationRequest] = {}  # pulled, not answered
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.max_batch_size
+
+    @property
+    def media_modalities(self) -> frozenset[str]:
+        return self.engine.media_modalities
+
+    def clear_prefix_cache(self) -> None:
+        self.engine.clear_prefix_cache()
 
     def holding(self) -> bool:
         """Whether the engine holds a request it has not answered (pulled, no result yet)."""
@@ -40,6 +59,7 @@ class Contained:
     def generate(
         self,
         source: Iterable[GenerationRequest],
+        *,
         aborted: Callable[[], Collection[str]] | None = None,
     ) -> Iterator[GenerationResult]:
         def tracked() -> Iterator[GenerationRequest]:

@@ -52,7 +52,13 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """Generates for a stream of requests with one model; one `generate` call at a time."""
+    """Generates for a stream of requests with one model; one `generate` call at a time.
+    A `GenerationEngine` (protocol.py)."""
+
+    # A request whose work raises ends as its own error result, but one that makes `generate`
+    # itself raise is for `Contained` to isolate; nothing here marks the engine broken.
+    contains_failures = False
+    broken = False
 
     def __init__(
         self,

@@ -6,11 +6,11 @@ they share one interpreter lock, so every millisecond of prepare or record is a 
 the engine does not step: on a small model the engine ran 20-30 % slower inside the worker
 than alone. In its own process the engine thread only ever waits for the pipe.
 
-`EngineProcess` has what the pipeline uses of an `Engine` (`generate`, `tokenizer`,
-`max_batch_size`, `media_modalities`, `clear_prefix_cache`) and contains failures itself
-(`contains_failures`): a request that makes the engine raise is isolated in the child
-(containment.py) and comes back as its `internal_error` result; `broken` says the engine as
-a whole failed, or the child died (killed, out of host memory), and the process is unusable.
+`EngineProcess` is a `GenerationEngine` (protocol.py) like the `Engine` it runs, and contains
+failures itself (`contains_failures`): a request that makes the engine raise is isolated in
+the child (containment.py) and comes back as its `internal_error` result; `broken` says the
+engine as a whole failed, or the child died (killed, out of host memory), and the process is
+unusable.
 
 Protocol, one run at a time. Parent to child: ("run",), then ("request", GenerationRequest)
 and ("abort", ids) in any order, ("end",) when there are no more requests (aborts may still
@@ -340,7 +340,7 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
         messages.drain()
         return set(messages.received) if messages.orphaned else messages.aborted
 
-    for result in contained.generate(source(), stopped):
+    for result in contained.generate(source(), aborted=stopped):
         messages.drain()  # a full engine asks its source nothing: notice an orphan here too
         if messages.orphaned:
             continue

@@ -48,10 +48,14 @@ class _PoisonedEngine:
     """A fake around the real engine: any generate call that pulls the poisoned request
     raises, as an engine does on a request that breaks it (an OOM, a tokenizer error)."""
 
+    contains_failures = False  # the pipeline's own containment must isolate the poison
+    broken = False
+
     def __init__(self, engine: Any, poisoned_item_id: int) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_batch_size = engine.max_batch_size
+        self.media_modalities = engine.media_modalities
         self.poison = f"{poisoned_item_id}:"
         self.raised = 0
 
@@ -64,6 +68,9 @@ class _PoisonedEngine:
                 yield request
 
         return self.engine.generate(checked(), aborted=aborted)
+
+    def clear_prefix_cache(self) -> None:
+        self.engine.clear_prefix_cache()
 
 
 @pytest.mark.django_db
