@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 import urllib.parse
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ _CALL_OPEN, _CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
 _CALL_BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 # A call's JSON as the grammar writes it: `{"name":"f","arguments":{…}}`.
 _CALL_HEAD, _CALL_ARGUMENTS = '{"name":', ',"arguments":'
+_TOO_DEEP = "the schema nests deeper than structured outputs support"
 # Keywords named back in an error message only when they look like keywords (never content).
 _KEYWORD = re.compile(r"[A-Za-z$][A-Za-z0-9_$]{0,63}")
 
@@ -129,9 +131,13 @@ def tool_choice_mode(body: dict[str, Any]) -> tuple[str, str | None]:
 def _json_rule(schema: dict[str, Any]) -> str:
     """A `%json` rule enforcing `schema`; raises GrammarError when no finite value matches it
     (every schema of a grammar comes through here: the upload check and the run alike)."""
-    # Our compile options replace any the schema brings: they are not JSON Schema.
-    text = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
-    _require_finite(text)
+    try:
+        # Our compile options replace any the schema brings: they are not JSON Schema.
+        text = json.dumps({**schema, "x-guidance": _JSON_OPTIONS}, ensure_ascii=False)
+        _require_finite(text)
+    except RecursionError:
+        # Far past what the compiler takes (it refuses JSON nested some 100 levels deep).
+        raise GrammarError(_TOO_DEEP, unsupported=True) from None
     return "%json " + text
 
 
@@ -227,6 +233,8 @@ def _explain(error: str) -> GrammarError:
             "references (#/...) are supported",
             unsupported=True,
         )
+    if "recursion limit exceeded" in error:
+        return GrammarError(_TOO_DEEP, unsupported=True)
     if "regex parse error" in error:
         return GrammarError(
             "a pattern in the schema is not a valid regular expression", unsupported=False
@@ -261,87 +269,91 @@ def _require_finite(schema_text: str) -> None:
 def _can_end(root: Any) -> bool:
     """Whether a finite value can match `root`, as far as its local `$ref`s decide.
 
-    The least fixed point of "this reference's target has a finite value": no reference is
-    finite at first, and one becomes finite once its target is with what is known, until
-    nothing changes. What this does not model counts as finite: it refuses only a schema that
-    certainly has no value, and the compiler judges the rest.
+    The least fixed point of "this reference's target has a finite value" (as a grammar's
+    productive rules are found): no reference is finite at first; a target is judged with what
+    is known, and judged again only when a reference it mentions becomes finite. What this does
+    not model counts as finite: it refuses only a schema that certainly has no value, and the
+    compiler judges the rest.
     """
-    refs = {
-        ref: target for ref in _local_refs(root) if (target := _resolve(root, ref)) is not _MISSING
-    }
-    finite: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        memo: dict[int, bool] = {}
-        for ref, target in refs.items():
-            if ref not in finite and _ends(target, refs, finite, memo):
-                finite.add(ref)
-                changed = True
-    return _ends(root, refs, finite, {})
+    judge = _Finiteness(root)
+    dependents: dict[str, set[str]] = {ref: set() for ref in judge.refs}
+    for ref, target in judge.refs.items():
+        for mentioned in _local_refs(target) & judge.refs.keys():
+            dependents[mentioned].add(ref)
+    queue = deque(judge.refs)
+    queued = set(queue)
+    while queue:
+        ref = queue.popleft()
+        queued.discard(ref)
+        if ref in judge.finite or not judge.ends(judge.refs[ref]):
+            continue
+        judge.finite.add(ref)
+        for dependent in dependents[ref] - judge.finite - queued:
+            queue.append(dependent)
+            queued.add(dependent)
+    return judge.ends(root)
 
 
-def _ends(node: Any, refs: dict[str, Any], finite: set[str], memo: dict[int, bool]) -> bool:
-    if isinstance(node, bool):
-        return node
-    if not isinstance(node, dict):
-        return True
-    key = id(node)
-    if key not in memo:
-        memo[key] = _node_ends(node, refs, finite, memo)
-    return memo[key]
+class _Finiteness:
+    """Judges schema nodes of one document, given the references known to be finite."""
 
+    def __init__(self, root: Any) -> None:
+        self.refs = {
+            ref: target
+            for ref in _local_refs(root)
+            if (target := _resolve(root, ref)) is not _MISSING
+        }
+        self.finite: set[str] = set()
 
-def _node_ends(
-    node: dict[str, Any], refs: dict[str, Any], finite: set[str], memo: dict[int, bool]
-) -> bool:
-    def ends(sub: Any) -> bool:
-        return _ends(sub, refs, finite, memo)
-
-    if "const" in node or "enum" in node:
-        return True  # the value is one of the literals given
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref in refs and ref not in finite:
-        return False
-    all_of, any_of, one_of = node.get("allOf"), node.get("anyOf"), node.get("oneOf")
-    if isinstance(all_of, list) and not all(ends(sub) for sub in all_of):
-        return False
-    for branches in (any_of, one_of):
-        if isinstance(branches, list) and branches and not any(ends(sub) for sub in branches):
+    def ends(self, node: Any) -> bool:
+        """Whether a finite value can match `node` (references not yet finite count as not)."""
+        if isinstance(node, bool):
+            return node
+        if not isinstance(node, dict):
+            return True
+        if "const" in node or "enum" in node:
+            return True  # the value is one of the literals given
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in self.refs and ref not in self.finite:
             return False
-    kind = node.get("type")
-    kinds = [kind] if isinstance(kind, str) else kind
-    if not isinstance(kinds, list):
-        return True  # any type: null ends it
-    return any(_type_ends(node, kind, ends) for kind in kinds)
-
-
-def _type_ends(node: dict[str, Any], kind: Any, ends: Any) -> bool:
-    if kind == "object":
-        properties = node.get("properties")
-        properties = properties if isinstance(properties, dict) else {}
-        required = node.get("required")
-        for name in required if isinstance(required, list) else ():
-            if name in properties:
-                sub = properties[name]
-            elif "patternProperties" in node:
-                continue  # which pattern names it is not modelled
-            else:
-                sub = node.get("additionalProperties", True)
-            if not ends(sub):
+        all_of, any_of, one_of = node.get("allOf"), node.get("anyOf"), node.get("oneOf")
+        if isinstance(all_of, list) and not all(self.ends(sub) for sub in all_of):
+            return False
+        for branches in (any_of, one_of):
+            if isinstance(branches, list) and branches and not any(map(self.ends, branches)):
                 return False
+        kind = node.get("type")
+        kinds = [kind] if isinstance(kind, str) else kind
+        if not isinstance(kinds, list):
+            return True  # any type: null ends it
+        return any(self._type_ends(node, kind) for kind in kinds)
+
+    def _type_ends(self, node: dict[str, Any], kind: Any) -> bool:
+        if kind == "object":
+            properties = node.get("properties")
+            properties = properties if isinstance(properties, dict) else {}
+            required = node.get("required")
+            for name in required if isinstance(required, list) else ():
+                if name in properties:
+                    sub = properties[name]
+                elif "patternProperties" in node:
+                    continue  # which pattern names it is not modelled
+                else:
+                    sub = node.get("additionalProperties", True)
+                if not self.ends(sub):
+                    return False
+            return True
+        if kind == "array":
+            least = node.get("minItems", 0)
+            least = least if isinstance(least, int) and not isinstance(least, bool) else 0
+            prefix, items = node.get("prefixItems"), node.get("items")
+            if isinstance(items, list):  # the older tuple form
+                prefix, items = items, node.get("additionalItems")
+            prefix = prefix if isinstance(prefix, list) else []
+            if not all(self.ends(sub) for sub in prefix[:least]):
+                return False
+            return least <= len(prefix) or items is None or self.ends(items)
         return True
-    if kind == "array":
-        least = node.get("minItems", 0)
-        least = least if isinstance(least, int) and not isinstance(least, bool) else 0
-        prefix, items = node.get("prefixItems"), node.get("items")
-        if isinstance(items, list):  # the older tuple form
-            prefix, items = items, node.get("additionalItems")
-        prefix = prefix if isinstance(prefix, list) else []
-        if not all(ends(sub) for sub in prefix[:least]):
-            return False
-        return least <= len(prefix) or items is None or ends(items)
-    return True
 
 
 def _local_refs(node: Any) -> set[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 
 import orjson
 import pytest
@@ -930,6 +931,22 @@ def test_recursive_schemas_that_can_end_are_accepted(schema, strict):
     report = validate(data, target=TOOLS_TARGET)
 
     assert report.ok, report.errors
+
+
+@pytest.mark.parametrize("depth", [100, 400])  # past the compiler's limit; past Python's
+def test_a_schema_nested_past_what_the_compiler_takes_is_unsupported_not_a_crash(depth):
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    row = make_request("deep", response_format=json_schema_format(schema))
+
+    report = validate(jsonl(make_request("ok"), json.dumps(row).encode()))  # past orjson's 255
+
+    assert only_error(report) == (
+        2,
+        "body.response_format.json_schema.schema",
+        "unsupported_parameter",
+    )
 
 
 def test_tools_on_a_revision_without_tool_support_are_refused():
