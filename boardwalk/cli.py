@@ -2,16 +2,20 @@
 
     boardwalk submit requests.jsonl --wait     upload, create, watch, download both files
     boardwalk download FILE_ID [-o PATH]       resumable (Range + If-Range)
-    boardwalk reconcile REQUESTS RESULTS [ERRORS]
+    boardwalk reconcile REQUESTS RESULTS [ERRORS] [MORE ...]   later rows supersede earlier
     boardwalk retry BATCH_ID --input requests.jsonl [--wait]
     boardwalk estimate requests.jsonl
     boardwalk batches
 
 Configuration: BOARDWALK_API_KEY (required), BOARDWALK_BASE_URL (default
-http://127.0.0.1:8000/v1). Exit codes: 0 done (a waited batch ended `completed`, which
-does not mean every row succeeded: see its counts and error file), 1 the API refused, a
-waited batch ended otherwise, or `reconcile` found rows missing, 2 usage or configuration
-error, 3 network error.
+http://127.0.0.1:8000/v1), BOARDWALK_TIMEOUT (seconds without a byte before a request is
+given up, default 60). Exit codes: 0 done (a waited batch ended `completed`, which does not
+mean every row succeeded: see its counts and error file), 1 the API refused (an input file's
+line errors are listed on stderr; with --json the API's error object is printed on stdout),
+a waited batch ended otherwise, or `reconcile` found rows missing, 2 usage or configuration
+error, 3 network error (the server could not be reached or the connection was cut: a
+download keeps every byte received in `<output>.part` and the same command resumes it),
+130 interrupted (Ctrl-C): run the same command again to continue.
 
 `submit` keeps its progress in `<file>.boardwalk.json` beside the input (the uploaded file
 id, the Idempotency-Key derived from the file's SHA-256, the batch id), written after each
@@ -27,22 +31,34 @@ import json
 import os
 import secrets
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 CHUNK = 1024 * 1024
+# What a connection that fails, stalls or is cut raises: requests' own exceptions, and
+# urllib3's from reading a streamed body.
+NETWORK_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError)
 
 
 class CliError(Exception):
-    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+    def __init__(
+        self, message: str, *, exit_code: int = 1, error: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.error = error  # the API's error object, when the API refused
+
+    @property
+    def code(self) -> str | None:
+        return str(self.error.get("code")) if self.error else None
 
 
 class Client:
@@ -63,27 +79,33 @@ class Client:
             retry_after = response.headers.get("retry-after")
             should = response.headers.get("x-should-retry")
             if should == "true" and retry_after and attempt < 3 and int(retry_after) <= 5:
+                response.close()
                 time.sleep(int(retry_after))  # short waits only; longer ones are reported
                 continue
             break
         if response.status_code >= 400 and not kwargs.get("stream"):
-            raise CliError(_describe(response))
+            raise _refusal(response)
         return response
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self.call(method, path, **kwargs).json()
 
 
-def _describe(response: requests.Response) -> str:
+def _refusal(response: requests.Response) -> CliError:
+    """The API's refusal as an error that keeps the API's error object."""
     try:
         error = response.json()["error"]
         text = f"{response.status_code} {error.get('code')}: {error.get('message')}"
     except (ValueError, KeyError, TypeError):
+        error = None
         text = f"{response.status_code} {response.reason}"
+    except NETWORK_ERRORS as exc:  # the error body itself was cut
+        raise CliError(f"cannot read the answer of {response.url}: {exc}", exit_code=3) from exc
     if response.headers.get("retry-after"):
         text += f" (retry after {response.headers['retry-after']} s)"
     request_id = response.headers.get("x-request-id")
-    return f"{text} [request {request_id}]" if request_id else text
+    text = f"{text} [request {request_id}]" if request_id else text
+    return CliError(text, error=error if isinstance(error, dict) else None)
 
 
 # --- state beside the input ---------------------------------------------------------------
@@ -167,16 +189,17 @@ def submit_file(client: Client, path: Path, *, fresh: bool = False) -> dict[str,
         try:
             batch = _create(client, file_id, state)
         except CliError as exc:
-            if "invalid_input_file_id" not in str(exc) or "file_id" not in state:
+            if exc.code != "invalid_input_file_id" or "file_id" not in state:
                 raise
             # The upload saved earlier expired unused: upload again.
             del state["file_id"]
             batch = _create(client, _ensure_uploaded(client, path, state), state)
     except CliError as exc:
-        if "idempotency_key_reused" in str(exc):
+        if exc.code == "idempotency_key_reused":
             raise CliError(
                 f"{exc}\nThis file was submitted before from another state file; "
-                "add --new to submit it as a new batch."
+                "add --new to submit it as a new batch.",
+                error=exc.error,
             ) from exc
         raise
     state["batch_id"] = batch["id"]
@@ -190,28 +213,33 @@ def submit_file(client: Client, path: Path, *, fresh: bool = False) -> dict[str,
 def download(client: Client, file_id: str, dest: Path) -> dict[str, Any]:
     """Download to `dest`, resuming `dest.part` if an earlier run left one.
 
+    Every block is written to `dest.part` as it arrives, so a connection cut mid-body keeps
+    every byte received (exit 3) and the next run asks for the rest (`Range`).
     `dest.part.etag` remembers the ETag the partial bytes came from; `If-Range` makes the
     server send the whole file again (200) if it changed, and then the partial is replaced.
     """
     part = dest.with_name(dest.name + ".part")
     etag_path = dest.with_name(dest.name + ".part.etag")
-    have = part.stat().st_size if part.exists() and etag_path.exists() else 0
-    headers = {}
+    etag = etag_path.read_text().strip() if etag_path.exists() else ""
+    have = part.stat().st_size if part.exists() and etag else 0
+    # Ranges count the file's own bytes: no content coding in between.
+    headers = {"Accept-Encoding": "identity"}
     if have:
-        headers = {"Range": f"bytes={have}-", "If-Range": etag_path.read_text().strip()}
+        headers |= {"Range": f"bytes={have}-", "If-Range": etag}
     response = client.call("GET", f"/files/{file_id}/content", headers=headers, stream=True)
-    if response.status_code == 416:
-        response.close()  # the partial already holds every byte
-        resumed_from = have
-    elif response.status_code >= 400:
-        raise CliError(_describe(response))
-    else:
-        resumed_from = have if response.status_code == 206 else 0
-        etag_path.write_text(response.headers.get("etag", ""))
-        with part.open("ab" if resumed_from else "wb") as out:
-            for block in response.iter_content(CHUNK):
-                out.write(block)
-                out.flush()
+    with response:
+        if response.status_code == 416:
+            resumed_from = have  # the partial already holds every byte
+        elif response.status_code >= 400:
+            raise _refusal(response)
+        else:
+            resumed_from = have if response.status_code == 206 else 0
+            etag_path.write_text(response.headers.get("etag", ""))
+            with part.open("ab" if resumed_from else "wb") as out:
+                _receive(response, out, part)
+            length = response.headers.get("content-length")
+            if length is not None and part.stat().st_size != resumed_from + int(length):
+                raise _cut(part, "the connection ended early")
     os.replace(part, dest)
     etag_path.unlink(missing_ok=True)
     return {
@@ -222,51 +250,90 @@ def download(client: Client, file_id: str, dest: Path) -> dict[str, Any]:
     }
 
 
+def _receive(response: requests.Response, out: Any, part: Path) -> None:
+    """Append the body to `out` as it arrives: `read1` hands over what the socket has, so a
+    cut loses nothing already received (a buffered read would drop its unfilled buffer)."""
+    try:
+        while block := response.raw.read1(CHUNK):
+            out.write(block)
+            out.flush()
+    except NETWORK_ERRORS as exc:
+        out.flush()
+        raise _cut(part, str(exc)) from exc
+
+
+def _cut(part: Path, why: str) -> CliError:
+    return CliError(
+        f"download interrupted ({why}); {part.stat().st_size} bytes kept in {part}: "
+        "run the same command again to resume",
+        exit_code=3,
+    )
+
+
 # --- reconcile / retry --------------------------------------------------------------------
 
 
-def _jsonl(path: Path) -> Iterable[dict[str, Any]]:
+def _jsonl(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
+    """(line number, row) for each non-blank line."""
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield number, json.loads(line)
                 except ValueError as exc:
                     raise CliError(f"{path}:{number}: not JSON ({exc})", exit_code=2) from exc
 
 
 def _request_ids(path: Path) -> list[str]:
     ids = []
-    for row in _jsonl(path):
+    for _, row in _jsonl(path):
         if row.get("type") in ("header", "section"):
             continue
         ids.append(str(row.get("custom_id")))
     return ids
 
 
-def reconcile(requests_path: Path, results: Path, errors: Path | None) -> dict[str, Any]:
+def _succeeded(path: Path, number: int, row: dict[str, Any]) -> bool:
+    """A results row (`error` null, a 2xx `response`) succeeded; an error row did not."""
+    if "error" not in row and "response" not in row:
+        raise CliError(f"{path}:{number}: not a results or error row", exit_code=2)
+    status = (row.get("response") or {}).get("status_code")
+    return row.get("error") is None and isinstance(status, int) and 200 <= status < 300
+
+
+def reconcile(requests_path: Path, row_files: list[Path]) -> dict[str, Any]:
+    """Each request's outcome across results and error files given oldest first: a later
+    file's row for a custom_id supersedes an earlier one (a retry's result replaces the
+    original error)."""
+    for path in [requests_path, *row_files]:
+        if not path.is_file():
+            raise CliError(f"{path}: no such file", exit_code=2)
     wanted = _request_ids(requests_path)
-    succeeded = [str(r.get("custom_id")) for r in _jsonl(results)]
-    failed = [str(r.get("custom_id")) for r in _jsonl(errors)] if errors else []
-    seen = set(succeeded) | set(failed)
+    outcome: dict[str, bool] = {}
+    for path in row_files:
+        for number, row in _jsonl(path):
+            outcome[str(row.get("custom_id"))] = _succeeded(path, number, row)
+    known = set(wanted)
     return {
         "total": len(wanted),
-        "succeeded": len(succeeded),
-        "failed": len(failed),
-        "missing": [i for i in wanted if i not in seen],
-        "unknown": sorted(seen - set(wanted)),
+        "succeeded": sum(1 for i in known if outcome.get(i) is True),
+        "failed": sum(1 for i in known if outcome.get(i) is False),
+        "missing": [i for i in wanted if i not in outcome],
+        "unknown": sorted(set(outcome) - known),
     }
 
 
-def retry_file(client: Client, batch_id: str, input_path: Path, workdir: Path) -> Path | None:
+def retry_file(client: Client, batch_id: str, input_path: Path) -> Path | None:
     """Write a new input file of the rows that did not succeed; None if every row did."""
     batch = client.json("GET", f"/batches/{batch_id}")
     if batch["status"] not in TERMINAL:
         raise CliError(f"{batch_id} is {batch['status']}: wait until it is terminal")
     succeeded: set[str] = set()
     if batch.get("output_file_id"):
-        out = download(client, batch["output_file_id"], workdir / f"{batch_id}.results.jsonl")
-        succeeded = {str(r.get("custom_id")) for r in _jsonl(Path(out["path"]))}
+        # Read and thrown away: the only files retry leaves are the new input and its own.
+        with tempfile.TemporaryDirectory(prefix="boardwalk-") as tmp:
+            out = download(client, batch["output_file_id"], Path(tmp) / "results.jsonl")
+            succeeded = {str(r.get("custom_id")) for _, r in _jsonl(Path(out["path"]))}
     kept = []
     with input_path.open("rb") as f:
         for line in f:
@@ -294,7 +361,7 @@ def _progress(batch: dict[str, Any], *, tty: bool) -> None:
     width = 30
     filled = int(width * done / total) if total else 0
     line = (
-        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+        f"{batch['id']} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
         f"({counts.get('completed', 0)} ok, {counts.get('failed', 0)} failed) {batch['status']}"
     )
     sys.stderr.write(("\r" + line) if tty else (line + "\n"))
@@ -345,7 +412,7 @@ def _submit_and_maybe_wait(client: Client, args: argparse.Namespace, path: Path)
 
 def run(args: argparse.Namespace) -> int:
     if args.command == "reconcile":
-        report = reconcile(Path(args.requests), Path(args.results), _opt(args.errors))
+        report = reconcile(Path(args.requests), [Path(f) for f in args.rows])
         text = (
             f"{report['total']} requests: {report['succeeded']} succeeded, "
             f"{report['failed']} failed, {len(report['missing'])} with no row"
@@ -356,7 +423,8 @@ def run(args: argparse.Namespace) -> int:
     api_key = os.environ.get("BOARDWALK_API_KEY", "")
     if not api_key:
         raise CliError("set BOARDWALK_API_KEY to an API key (bw_…)", exit_code=2)
-    client = Client(os.environ.get("BOARDWALK_BASE_URL") or DEFAULT_BASE_URL, api_key)
+    base_url = os.environ.get("BOARDWALK_BASE_URL") or DEFAULT_BASE_URL
+    client = Client(base_url, api_key, timeout=_timeout())
     if args.command == "submit":
         return _submit_and_maybe_wait(client, args, Path(args.file))
     if args.command == "download":
@@ -368,7 +436,7 @@ def run(args: argparse.Namespace) -> int:
         input_path = Path(args.input)
         if not input_path.is_file():
             raise CliError(f"{input_path}: no such file", exit_code=2)
-        new_file = retry_file(client, args.batch_id, input_path, input_path.parent)
+        new_file = retry_file(client, args.batch_id, input_path)
         if new_file is None:
             _emit(args, {"batch": None}, "every row succeeded: nothing to retry")
             return 0
@@ -400,25 +468,61 @@ def run(args: argparse.Namespace) -> int:
             )
             for b in page["data"]
         ]
-        header = ("ID", "STATUS", "DONE", "FAILED", "CREATED (UTC)")
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        table = "\n".join(
-            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in [header, *rows]
-        )
-        _emit(args, page, table)
+        _emit(args, page, _table(("ID", "STATUS", "DONE", "FAILED", "CREATED (UTC)"), rows))
         return 0
     raise CliError(f"unknown command {args.command!r}", exit_code=2)
 
 
-def _opt(value: str | None) -> Path | None:
-    return Path(value) if value else None
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    )
+
+
+def _report(exc: CliError, *, as_json: bool) -> None:
+    """The error on stderr, with every line error the API returned; with --json the API's
+    error object on stdout as well."""
+    print(f"boardwalk: error: {exc}", file=sys.stderr)
+    error = exc.error or {}
+    details = [d for d in error.get("details") or [] if isinstance(d, dict)]
+    if details:
+        rows = [
+            [str(d.get(k) or "-") for k in ("line", "field", "code", "message")] for d in details
+        ]
+        print(_table(("LINE", "FIELD", "CODE", "MESSAGE"), rows), file=sys.stderr)
+        total = error.get("error_count")
+        if isinstance(total, int) and total > len(details):
+            print(
+                f"{total} line errors in all; the API lists the first {len(details)}",
+                file=sys.stderr,
+            )
+    if as_json and exc.error is not None:
+        print(json.dumps({"error": exc.error}, indent=2))
+
+
+def _timeout() -> float:
+    raw = os.environ.get("BOARDWALK_TIMEOUT") or "60"
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise CliError(f"BOARDWALK_TIMEOUT={raw!r}: give seconds, above 0", exit_code=2)
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    top = argparse.ArgumentParser(prog="boardwalk", description=__doc__.split("\n\n")[0])
+    intro, *rest = __doc__.split("\n\n")
+    top = argparse.ArgumentParser(
+        prog="boardwalk",
+        description=intro,
+        epilog="\n\n".join(rest),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = top.add_subparsers(dest="command", required=True)
 
     def waiting(p: argparse.ArgumentParser) -> None:
@@ -434,8 +538,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output")
     p = sub.add_parser("reconcile", parents=[common], help="custom_ids with no result row")
     p.add_argument("requests")
-    p.add_argument("results")
-    p.add_argument("errors", nargs="?")
+    p.add_argument(
+        "rows",
+        nargs="+",
+        metavar="RESULTS_OR_ERRORS",
+        help="results and error files, oldest first (a retry's after the original's): "
+        "a later row for a custom_id supersedes an earlier one",
+    )
     p = sub.add_parser("retry", parents=[common], help="resubmit the rows that did not succeed")
     p.add_argument("batch_id")
     p.add_argument("--input", required=True, help="the batch's original requests file")
@@ -452,8 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except CliError as exc:
-        print(f"boardwalk: error: {exc}", file=sys.stderr)
+        _report(exc, as_json=getattr(args, "json", False))
         return exc.exit_code
+    except NETWORK_ERRORS as exc:  # one that no step above turned into a CliError
+        print(f"boardwalk: error: network: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("boardwalk: interrupted; run the same command again to continue", file=sys.stderr)
         return 130
