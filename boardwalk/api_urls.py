@@ -31,4 +31,19 @@ urlpatterns = [
         webhooks.WebhookEndpointDetailView.as_view(),
         name="webhook-endpoint",
     ),
+    path(
+        "webhook_endpoints/<str:endpoint_id>/rotate_secret",
+        webhooks.WebhookEndpointRotateSecretView.as_view(),
+        name="webhook-endpoint-rotate-secret",
+    ),
+    path(
+        "webhook_endpoints/<str:endpoint_id>/test",
+        webhooks.WebhookEndpointTestView.as_view(),
+        name="webhook-endpoint-test",
+    ),
+    path(
+        "webhook_event_types",
+        webhooks.WebhookEventTypeListView.as_view(),
+        name="webhook-event-types",
+    ),
 ]

@@ -89,6 +89,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNSUPPORTED_METADATA = "unsupported_metadata"
     UNSUPPORTED_MODALITY = "unsupported_modality"
+    WEBHOOK_ENDPOINT_UNREACHABLE = "webhook_endpoint_unreachable"
 
 
 class LineCode(StrEnum):

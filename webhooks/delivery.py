@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from dataclasses import dataclass
 
 import orjson
 from django.db.models import F
@@ -19,7 +20,7 @@ from boardwalk import clock, outbound
 from boardwalk.metrics import counter_inc
 from files.crypto import Keyring
 from webhooks import signing
-from webhooks.models import WebhookAttempt, WebhookDelivery
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +36,76 @@ def backoff(attempts: int) -> dt.timedelta:
     return dt.timedelta(seconds=BACKOFF_SECONDS[min(attempts, len(BACKOFF_SECONDS)) - 1])
 
 
-def event_body(delivery: WebhookDelivery) -> bytes:
-    """The event as JSON: ids and a type only, never content; the same bytes every attempt."""
-    event = delivery.event
+def event_json(*, event_id: str, event_type: str, created_at: dt.datetime, batch_id: str) -> bytes:
+    """The event as the SDK's `client.webhooks.unwrap` parses it: ids and a type only, never
+    content."""
     return orjson.dumps(
         {
-            "id": event.id,
+            "id": event_id,
             "object": "event",
-            "type": event.type,
-            "created_at": clock.unix(event.created_at),
-            "data": {"id": event.batch_id},
+            "type": event_type,
+            "created_at": clock.unix(created_at),
+            "data": {"id": batch_id},
         }
     )
+
+
+def event_body(delivery: WebhookDelivery) -> bytes:
+    """A delivery's event; the same bytes every attempt."""
+    event = delivery.event
+    return event_json(
+        event_id=event.id,
+        event_type=event.type,
+        created_at=event.created_at,
+        batch_id=event.batch_id,
+    )
+
+
+@dataclass(frozen=True)
+class PostResult:
+    status: int | None  # None: no HTTP answer, `error` says why
+    error: str
+    latency_ms: int
+
+
+def signing_keys(endpoint: WebhookEndpoint) -> list[bytes]:
+    """The current secret, and the previous one while a rotation keeps it."""
+    keyring = Keyring.current()
+    keys = [keyring.unwrap(endpoint.secret_key_id, endpoint.wrapped_secret)]
+    if endpoint.keeps_previous_secret(clock.now()):
+        keys.append(
+            keyring.unwrap(endpoint.previous_secret_key_id, endpoint.previous_wrapped_secret)
+        )
+    return keys
+
+
+def signed_post(endpoint: WebhookEndpoint, *, msg_id: str, body: bytes) -> PostResult:
+    """POST `body` to the endpoint once, signed, under the outbound rules (no redirects)."""
+    headers = {
+        "Content-Type": "application/json",
+        **signing.headers(
+            signing_keys(endpoint),
+            msg_id=msg_id,
+            timestamp=int(clock.now().timestamp()),
+            body=body,
+        ),
+    }
+    status: int | None = None
+    error = ""
+    started = time.monotonic()
+    try:
+        answer = outbound.request(
+            "POST",
+            endpoint.url,
+            body=body,
+            headers=headers,
+            max_bytes=MAX_ANSWER_BYTES,
+            timeout=ATTEMPT_TIMEOUT_SECONDS,
+        )
+        status = answer.status
+    except outbound.OutboundError as exc:
+        error = exc.reason
+    return PostResult(status, error, int((time.monotonic() - started) * 1000))
 
 
 def deliveries_due(*, limit: int = 500) -> list[int]:
@@ -70,36 +129,14 @@ def delivery_attempt(*, delivery_id: int) -> str | None:
         return None
     delivery = WebhookDelivery.objects.select_related("event", "endpoint").get(id=delivery_id)
     endpoint = delivery.endpoint
-    key = Keyring.current().unwrap(endpoint.secret_key_id, endpoint.wrapped_secret)
-    body = event_body(delivery)
-    headers = {
-        "Content-Type": "application/json",
-        **signing.headers(
-            key, msg_id=delivery.event_id, timestamp=int(clock.now().timestamp()), body=body
-        ),
-    }
-    status: int | None = None
-    error = ""
-    started = time.monotonic()
-    try:
-        answer = outbound.request(
-            "POST",
-            endpoint.url,
-            body=body,
-            headers=headers,
-            max_bytes=MAX_ANSWER_BYTES,
-            timeout=ATTEMPT_TIMEOUT_SECONDS,
-        )
-        status = answer.status
-    except outbound.OutboundError as exc:
-        error = exc.reason
-    latency_ms = int((time.monotonic() - started) * 1000)
+    result = signed_post(endpoint, msg_id=delivery.event_id, body=event_body(delivery))
+    status, error = result.status, result.error
     WebhookAttempt.objects.create(
         delivery=delivery,
         number=delivery.attempts,
         attempted_at=now,
         status_code=status,
-        latency_ms=latency_ms,
+        latency_ms=result.latency_ms,
         error=error,
     )
     ok = status is not None and 200 <= status < 300

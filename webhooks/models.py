@@ -8,6 +8,8 @@ statuses and timings — never content.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import models
 
 from boardwalk import clock
@@ -19,19 +21,37 @@ EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancel
 class WebhookEndpoint(models.Model):
     id = models.CharField(primary_key=True, max_length=40)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=128)
     url = models.CharField(max_length=2048)
-    events = models.JSONField(default=list)
+    event_types = models.JSONField(default=list)
     # The signing secret is needed in clear to sign, so it is kept wrapped by the master
-    # key (files.crypto.Keyring), like a file's data key; it is shown once, at creation.
+    # key (files.crypto.Keyring), like a file's data key; it is shown only at creation and
+    # rotation. The hint is a few characters of it, enough to tell two secrets apart.
     secret_key_id = models.CharField(max_length=64)
     wrapped_secret = models.BinaryField()
+    secret_hint = models.CharField(max_length=32, blank=True)
+    # After a rotation that keeps the old secret for 24 hours, deliveries carry a signature
+    # with each secret until `previous_secret_expires_at`, so receivers can switch over.
+    previous_secret_key_id = models.CharField(max_length=64, blank=True)
+    previous_wrapped_secret = models.BinaryField(null=True, blank=True)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=clock.now, editable=False)
+    # The last change of name, url, event types or secret (a test or an unchanged update
+    # leaves it).
+    updated_at = models.DateTimeField(default=clock.now)
 
     class Meta:
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.id} {self.url}"
+        return f"{self.id} {self.name}"
+
+    def keeps_previous_secret(self, at: dt.datetime) -> bool:
+        return (
+            self.previous_wrapped_secret is not None
+            and self.previous_secret_expires_at is not None
+            and at < self.previous_secret_expires_at
+        )
 
 
 class WebhookEvent(models.Model):

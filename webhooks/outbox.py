@@ -31,7 +31,9 @@ def batch_event_record(*, org_id: str, batch_id: str, status: str) -> WebhookEve
     event = WebhookEvent.objects.create(
         id=event_id, org_id=org_id, type=event_type, batch_id=batch_id, created_at=clock.now()
     )
-    endpoints = [e for e in WebhookEndpoint.objects.filter(org_id=org_id) if event_type in e.events]
+    endpoints = [
+        e for e in WebhookEndpoint.objects.filter(org_id=org_id) if event_type in e.event_types
+    ]
     deliveries = WebhookDelivery.objects.bulk_create(
         [WebhookDelivery(event=event, endpoint=e, next_attempt_at=clock.now()) for e in endpoints]
     )

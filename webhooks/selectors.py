@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from boardwalk.errors import NotFound
+from boardwalk.codes import ErrorCode
+from boardwalk.errors import InvalidRequest, NotFound
 from boardwalk.models import Organization
 from webhooks.models import WebhookEndpoint
 
@@ -12,5 +13,21 @@ def webhook_endpoint_get_for_org(*, org: Organization, endpoint_id: str) -> Webh
     return endpoint
 
 
-def webhook_endpoints_for_org(*, org: Organization) -> list[WebhookEndpoint]:
-    return list(WebhookEndpoint.objects.filter(org=org).order_by("-created_at", "-id"))
+def webhook_endpoints_page(
+    *, org: Organization, limit: int, after: str | None
+) -> tuple[list[WebhookEndpoint], bool]:
+    """Newest first, `limit` per page after the endpoint `after` (the SDK's cursor).
+
+    An organization has at most 16 endpoints, so the page is cut from the whole list.
+    """
+    endpoints = list(WebhookEndpoint.objects.filter(org=org).order_by("-created_at", "-id"))
+    if after:
+        ids = [e.id for e in endpoints]
+        if after not in ids:
+            raise InvalidRequest(
+                f"Unknown cursor {after!r} for 'after'.",
+                code=ErrorCode.INVALID_CURSOR,
+                param="after",
+            )
+        endpoints = endpoints[ids.index(after) + 1 :]
+    return endpoints[:limit], len(endpoints) > limit

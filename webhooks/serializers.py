@@ -7,14 +7,36 @@ from webhooks.models import WebhookEndpoint
 
 
 def endpoint_payload(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict[str, Any]:
-    """The endpoint object; `secret` only in the creation answer (SPEC §10b)."""
+    """`WebhookEndpoint`, or `WebhookEndpointWithSecret` when given the secret (only from
+    create and rotate_secret: SPEC §10b)."""
     payload: dict[str, Any] = {
         "id": endpoint.id,
         "object": "webhook_endpoint",
+        "name": endpoint.name,
         "url": endpoint.url,
-        "events": list(endpoint.events),
+        "event_types": list(endpoint.event_types),
+        "signing_secret_hint": endpoint.secret_hint or None,
         "created_at": clock.unix(endpoint.created_at),
+        "updated_at": clock.unix(endpoint.updated_at),
     }
     if secret is not None:
-        payload["secret"] = secret
+        payload["signing_secret"] = secret
     return payload
+
+
+def deleted_payload(endpoint_id: str) -> dict[str, Any]:
+    return {"id": endpoint_id, "object": "webhook_endpoint.deleted", "deleted": True}
+
+
+def endpoint_test_payload(
+    endpoint: WebhookEndpoint, *, event_type: str, status: int
+) -> dict[str, Any]:
+    """`WebhookEndpointTestResult`: `success` is always true once an answer came back; the
+    endpoint's own verdict is `status_code`."""
+    return {
+        "object": "webhook_endpoint.test",
+        "webhook_endpoint_id": endpoint.id,
+        "event_type": event_type,
+        "status_code": status,
+        "success": True,
+    }

@@ -1,69 +1,142 @@
-"""Webhook endpoints (SPEC §10b). The event outbox is webhooks.outbox."""
+"""Webhook endpoints (SPEC §10b), in the shape of the `openai` SDK's `client.webhooks`.
+
+The event outbox is webhooks.outbox; one delivery attempt is webhooks.delivery.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 from django.db import transaction
 
-from boardwalk import outbound
+from boardwalk import clock, outbound
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 from boardwalk.ids import new_id
 from boardwalk.models import Organization
 from files.crypto import Keyring
 from webhooks import signing
+from webhooks.delivery import event_json, signed_post
 from webhooks.models import EVENT_TYPES, WebhookEndpoint
 
 logger = logging.getLogger(__name__)
 
 MAX_ENDPOINTS_PER_ORG = 16
 MAX_URL_LENGTH = 2048
+MAX_NAME_LENGTH = 128
+KEEP_OLD_SECRET = dt.timedelta(hours=24)
+UPDATABLE_FIELDS = ("name", "url", "event_types")
+# What a test delivery's `data.id` holds: a sample that names no batch.
+TEST_BATCH_ID = "batch_test"
+# WHATWG's forbidden host code points (besides whitespace and controls, refused everywhere):
+# a host holding one is not the host a client would connect to.
+_FORBIDDEN_IN_HOST = frozenset("#%/:<>?@[\\]^|")
+
+
+def _has_control_or_space(text: str) -> bool:
+    return any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in text)
+
+
+def _required(value: Any, param: str) -> Any:
+    if value is None:
+        raise InvalidRequest(
+            f"Missing required parameter {param!r}.",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+            param=param,
+        )
+    return value
+
+
+def _check_name(name: Any) -> str:
+    if (
+        not isinstance(name, str)
+        or not name.strip()
+        or len(name) > MAX_NAME_LENGTH
+        or any(unicodedata.category(ch) == "Cc" for ch in name)
+    ):
+        raise InvalidRequest(
+            f"name must be a non-blank string of at most {MAX_NAME_LENGTH} characters, "
+            "without control characters.",
+            code=ErrorCode.INVALID_NAME,
+            param="name",
+        )
+    return name
+
+
+def _bad_url(reason: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"url is not usable: {reason}.", code=ErrorCode.INVALID_WEBHOOK_URL, param="url"
+    )
 
 
 def _check_url(url: Any) -> str:
     if not isinstance(url, str) or not url or len(url) > MAX_URL_LENGTH:
-        raise InvalidRequest(
-            f"url must be an https URL of at most {MAX_URL_LENGTH} characters.",
-            code=ErrorCode.INVALID_WEBHOOK_URL,
-            param="url",
-        )
+        raise _bad_url(f"it must be an https URL of at most {MAX_URL_LENGTH} characters")
+    # urlsplit drops tabs and newlines and keeps spaces, so "https://exam\nple.com/" would be
+    # checked as one host and stored as another: refuse such URLs before parsing them.
+    if _has_control_or_space(url):
+        raise _bad_url("it holds whitespace or control characters (percent-encode them)")
     try:
         scheme, host, port = outbound.parse_target(url)
     except outbound.OutboundRefused as exc:
-        raise InvalidRequest(
-            f"url is not usable: {exc}.", code=ErrorCode.INVALID_WEBHOOK_URL, param="url"
-        ) from exc
+        raise _bad_url(str(exc)) from exc
+    # (An IPv6 literal is the one host with colons; parse_target took off its brackets.)
+    if ":" not in host and _FORBIDDEN_IN_HOST.intersection(host):
+        raise _bad_url(f"the host {host!r} holds characters a host cannot hold")
     if scheme != "https" and (host, port) not in outbound.allowed_targets():
-        raise InvalidRequest("url must use https.", code=ErrorCode.INVALID_WEBHOOK_URL, param="url")
+        raise _bad_url("it must use https")
     # The address is checked at each delivery (after DNS), not here: a name can move.
     return url
 
 
-def _check_events(events: Any) -> list[str]:
-    if events is None:
-        return list(EVENT_TYPES)
-    if (
-        not isinstance(events, list)
-        or not events
-        or not all(isinstance(e, str) and e in EVENT_TYPES for e in events)
-    ):
+def _check_event_type(event_type: Any, *, param: str) -> str:
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
         raise InvalidRequest(
-            f"events must be a non-empty list drawn from {', '.join(EVENT_TYPES)}.",
+            f"Unknown event type {event_type!r} in {param}; Boardwalk emits "
+            f"{', '.join(EVENT_TYPES)}.",
             code=ErrorCode.INVALID_WEBHOOK_EVENTS,
-            param="events",
+            param=param,
         )
-    return sorted(set(events), key=EVENT_TYPES.index)
+    return event_type
+
+
+def _check_event_types(event_types: Any) -> list[str]:
+    if not isinstance(event_types, list) or not event_types:
+        raise InvalidRequest(
+            f"event_types must be a non-empty list drawn from {', '.join(EVENT_TYPES)}.",
+            code=ErrorCode.INVALID_WEBHOOK_EVENTS,
+            param="event_types",
+        )
+    checked = {_check_event_type(e, param="event_types") for e in event_types}
+    return sorted(checked, key=EVENT_TYPES.index)
+
+
+def webhook_endpoint_fields_check(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """The given fields of UPDATABLE_FIELDS, checked (InvalidRequest names the first bad one)."""
+    checks = {"name": _check_name, "url": _check_url, "event_types": _check_event_types}
+    return {field: checks[field](changes[field]) for field in UPDATABLE_FIELDS if field in changes}
+
+
+def _new_secret() -> tuple[str, bytes, str, str]:
+    """(key id, wrapped key, hint, the secret's text): the text goes to the caller only."""
+    key = signing.new_key()
+    key_id, wrapped = Keyring.current().wrap(key)
+    return key_id, wrapped, signing.secret_hint(key), signing.secret_text(key)
 
 
 @transaction.atomic
 def webhook_endpoint_create(
-    *, org: Organization, url: Any, events: Any = None
+    *, org: Organization, name: Any, url: Any, event_types: Any
 ) -> tuple[WebhookEndpoint, str]:
     """Register an endpoint; returns it with its signing secret (shown only this once)."""
-    checked_url = _check_url(url)
-    checked_events = _check_events(events)
+    given = {"name": name, "url": url, "event_types": event_types}
+    checked = webhook_endpoint_fields_check(
+        {field: _required(value, field) for field, value in given.items()}
+    )
     Organization.objects.select_for_update().filter(id=org.id).first()
     if WebhookEndpoint.objects.filter(org=org).count() >= MAX_ENDPOINTS_PER_ORG:
         raise InvalidRequest(
@@ -71,21 +144,102 @@ def webhook_endpoint_create(
             "one first.",
             code=ErrorCode.TOO_MANY_WEBHOOK_ENDPOINTS,
         )
-    key = signing.new_key()
-    key_id, wrapped = Keyring.current().wrap(key)
+    key_id, wrapped, hint, secret = _new_secret()
+    now = clock.now()
     endpoint = WebhookEndpoint.objects.create(
         id=new_id("we_"),
         org=org,
-        url=checked_url,
-        events=checked_events,
+        **checked,
         secret_key_id=key_id,
         wrapped_secret=wrapped,
+        secret_hint=hint,
+        created_at=now,
+        updated_at=now,
     )
     logger.info("webhook endpoint created id=%s org=%s", endpoint.id, org.id)
-    return endpoint, signing.secret_text(key)
+    return endpoint, secret
+
+
+@transaction.atomic
+def webhook_endpoint_update(
+    *, endpoint: WebhookEndpoint, changes: Mapping[str, Any]
+) -> WebhookEndpoint:
+    """Set any of name, url and event_types (all checked before anything is written).
+
+    Pending deliveries go to the new url; `updated_at` moves only if something changed.
+    """
+    checked = webhook_endpoint_fields_check(changes)
+    locked = WebhookEndpoint.objects.select_for_update().get(id=endpoint.id)
+    changed = [field for field, value in checked.items() if getattr(locked, field) != value]
+    if changed:
+        for field in changed:
+            setattr(locked, field, checked[field])
+        locked.updated_at = clock.now()
+        locked.save(update_fields=[*changed, "updated_at"])
+        logger.info("webhook endpoint updated id=%s fields=%s", locked.id, ",".join(changed))
+    return locked
+
+
+@transaction.atomic
+def webhook_endpoint_rotate_secret(
+    *, endpoint: WebhookEndpoint, keep_old_secret_active_for_24_hours: Any = False
+) -> tuple[WebhookEndpoint, str]:
+    """A new signing secret, returned only here. Kept, the old one also signs for 24 hours."""
+    if not isinstance(keep_old_secret_active_for_24_hours, bool):
+        raise InvalidRequest(
+            "keep_old_secret_active_for_24_hours must be a boolean.",
+            code=ErrorCode.INVALID_REQUEST,
+            param="keep_old_secret_active_for_24_hours",
+        )
+    locked = WebhookEndpoint.objects.select_for_update().get(id=endpoint.id)
+    now = clock.now()
+    if keep_old_secret_active_for_24_hours:
+        locked.previous_secret_key_id = locked.secret_key_id
+        locked.previous_wrapped_secret = locked.wrapped_secret
+        locked.previous_secret_expires_at = now + KEEP_OLD_SECRET
+    else:
+        locked.previous_secret_key_id = ""
+        locked.previous_wrapped_secret = None
+        locked.previous_secret_expires_at = None
+    key_id, wrapped, hint, secret = _new_secret()
+    locked.secret_key_id, locked.wrapped_secret, locked.secret_hint = key_id, wrapped, hint
+    locked.updated_at = now
+    locked.save()
+    logger.info(
+        "webhook secret rotated id=%s keep_old=%s", locked.id, keep_old_secret_active_for_24_hours
+    )
+    return locked, secret
+
+
+def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: Any) -> tuple[str, int]:
+    """Send one signed sample event now; returns its event type and the endpoint's HTTP status.
+
+    The sample has a fresh event id and `data.id` "batch_test"; it is not recorded as a
+    delivery and never retried. No HTTP answer at all is a 400 naming the reason.
+    """
+    checked = _check_event_type(_required(event_type, "event_type"), param="event_type")
+    event_id = new_id("evt_")
+    body = event_json(
+        event_id=event_id, event_type=checked, created_at=clock.now(), batch_id=TEST_BATCH_ID
+    )
+    result = signed_post(endpoint, msg_id=event_id, body=body)
+    logger.info(
+        "webhook test endpoint=%s event=%s status=%s error=%s",
+        endpoint.id,
+        event_id,
+        result.status,
+        result.error or "-",
+    )
+    if result.status is None:
+        raise InvalidRequest(
+            f"The test delivery got no HTTP answer ({result.error}).",
+            code=ErrorCode.WEBHOOK_ENDPOINT_UNREACHABLE,
+        )
+    return checked, result.status
 
 
 def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
     """Removes the endpoint with its pending deliveries and their history."""
+    endpoint_id = endpoint.id  # delete() clears the instance's pk
     endpoint.delete()
-    logger.info("webhook endpoint deleted id=%s org=%s", endpoint.id, endpoint.org_id)
+    logger.info("webhook endpoint deleted id=%s org=%s", endpoint_id, endpoint.org_id)

@@ -1,7 +1,8 @@
 """Standard Webhooks signatures (https://www.standardwebhooks.com, SPEC §10b).
 
 `webhook-signature: v1,<base64 HMAC-SHA256 over "{id}.{timestamp}.{body}">`, keyed with the
-bytes of the secret after its `whsec_` prefix (base64-decoded).
+bytes of the secret after its `whsec_` prefix (base64-decoded). While a rotated secret is
+kept, the header holds one signature per secret, separated by a space (receivers accept any).
 """
 
 from __future__ import annotations
@@ -23,15 +24,24 @@ def secret_text(key: bytes) -> str:
     return SECRET_PREFIX + base64.b64encode(key).decode()
 
 
+def secret_hint(key: bytes) -> str:
+    """The prefix and the last four characters of the secret: tells secrets apart, and is
+    far too little of the key to help forge a signature."""
+    return f"{SECRET_PREFIX}...{secret_text(key).rstrip('=')[-4:]}"
+
+
 def signature(key: bytes, *, msg_id: str, timestamp: int, body: bytes) -> str:
     signed = f"{msg_id}.{timestamp}.".encode() + body
     digest = hmac.new(key, signed, hashlib.sha256).digest()
     return "v1," + base64.b64encode(digest).decode()
 
 
-def headers(key: bytes, *, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+def headers(keys: list[bytes], *, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers, signed with each of `keys` (the current one first)."""
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(key, msg_id=msg_id, timestamp=timestamp, body=body),
+        "webhook-signature": " ".join(
+            signature(key, msg_id=msg_id, timestamp=timestamp, body=body) for key in keys
+        ),
     }

@@ -5,63 +5,142 @@ from typing import Any
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from batches.selectors import parse_limit
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
-from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_for_org
-from webhooks.serializers import endpoint_payload
-from webhooks.services import webhook_endpoint_create, webhook_endpoint_delete
+from webhooks.models import EVENT_TYPES
+from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_page
+from webhooks.serializers import deleted_payload, endpoint_payload, endpoint_test_payload
+from webhooks.services import (
+    UPDATABLE_FIELDS,
+    webhook_endpoint_create,
+    webhook_endpoint_delete,
+    webhook_endpoint_rotate_secret,
+    webhook_endpoint_test,
+    webhook_endpoint_update,
+)
 
-_CREATE_FIELDS = {"url", "events"}
+
+def _body(request: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON object sent (none at all reads as empty), holding only `allowed` fields."""
+    body = request.data
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise InvalidRequest(
+            f"Unknown field {unknown[0]!r}; allowed: {', '.join(allowed) or 'none'}.",
+            code=ErrorCode.UNKNOWN_PARAMETER,
+            param=unknown[0],
+        )
+    return dict(body)
 
 
 class WebhookEndpointCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
-    @oa.operation(oa.WEBHOOK_ENDPOINT, request=oa.WEBHOOK_ENDPOINT_CREATE)
+    @oa.operation(oa.WEBHOOK_ENDPOINT_WITH_SECRET, request=oa.WEBHOOK_ENDPOINT_CREATE)
     def post(self, request: Any) -> Response:
-        body = request.data
-        if not isinstance(body, dict):
-            raise InvalidRequest(
-                "The request body must be a JSON object.", code=ErrorCode.INVALID_BODY
-            )
-        unknown = sorted(set(body) - _CREATE_FIELDS)
-        if unknown:
-            raise InvalidRequest(
-                f"Unknown field {unknown[0]!r}; allowed: url, events.",
-                code=ErrorCode.UNKNOWN_PARAMETER,
-                param=unknown[0],
-            )
+        body = _body(request, UPDATABLE_FIELDS)
         endpoint, secret = webhook_endpoint_create(
-            org=request.user.org, url=body.get("url"), events=body.get("events")
+            org=request.user.org,
+            name=body.get("name"),
+            url=body.get("url"),
+            event_types=body.get("event_types"),
         )
         return Response(endpoint_payload(endpoint, secret=secret))
 
-    @oa.operation(oa.list_of(oa.WEBHOOK_ENDPOINT), operation_id="webhook_endpoints_list")
+    @oa.operation(
+        oa.list_of(oa.WEBHOOK_ENDPOINT),
+        operation_id="webhook_endpoints_list",
+        parameters=oa.PAGINATION,
+    )
     def get(self, request: Any) -> Response:
-        data = [endpoint_payload(e) for e in webhook_endpoints_for_org(org=request.user.org)]
+        endpoints, has_more = webhook_endpoints_page(
+            org=request.user.org,
+            limit=parse_limit(request.query_params.get("limit")),
+            after=request.query_params.get("after"),
+        )
+        data = [endpoint_payload(e) for e in endpoints]
         return Response(
             {
                 "object": "list",
                 "data": data,
                 "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None,
-                "has_more": False,
+                "has_more": has_more,
             }
         )
 
 
 class WebhookEndpointDetailView(APIView):
-    scopes = {"GET": READ, "DELETE": WRITE}
+    scopes = {"GET": READ, "POST": WRITE, "DELETE": WRITE}
 
     @oa.operation(oa.WEBHOOK_ENDPOINT)
     def get(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         return Response(endpoint_payload(endpoint))
 
-    @oa.operation(oa.DELETED)
+    @oa.operation(
+        oa.WEBHOOK_ENDPOINT,
+        request=oa.WEBHOOK_ENDPOINT_UPDATE,
+        operation_id="webhook_endpoints_update",
+    )
+    def post(self, request: Any, endpoint_id: str) -> Response:
+        endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
+        changes = _body(request, UPDATABLE_FIELDS)
+        return Response(
+            endpoint_payload(webhook_endpoint_update(endpoint=endpoint, changes=changes))
+        )
+
+    @oa.operation(oa.WEBHOOK_ENDPOINT_DELETED)
     def delete(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         webhook_endpoint_delete(endpoint=endpoint)
-        return Response({"id": endpoint_id, "object": "webhook_endpoint", "deleted": True})
+        return Response(deleted_payload(endpoint_id))
+
+
+class WebhookEndpointRotateSecretView(APIView):
+    scopes = {"POST": WRITE}
+
+    @oa.operation(
+        oa.WEBHOOK_ENDPOINT_WITH_SECRET,
+        request=oa.WEBHOOK_ROTATE_SECRET,
+        operation_id="webhook_endpoints_rotate_secret",
+    )
+    def post(self, request: Any, endpoint_id: str) -> Response:
+        endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
+        body = _body(request, ("keep_old_secret_active_for_24_hours",))
+        endpoint, secret = webhook_endpoint_rotate_secret(
+            endpoint=endpoint,
+            keep_old_secret_active_for_24_hours=body.get(
+                "keep_old_secret_active_for_24_hours", False
+            ),
+        )
+        return Response(endpoint_payload(endpoint, secret=secret))
+
+
+class WebhookEndpointTestView(APIView):
+    scopes = {"POST": WRITE}
+
+    @oa.operation(
+        oa.WEBHOOK_ENDPOINT_TEST_RESULT,
+        request=oa.WEBHOOK_TEST,
+        operation_id="webhook_endpoints_test",
+    )
+    def post(self, request: Any, endpoint_id: str) -> Response:
+        endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
+        event_type, status = webhook_endpoint_test(
+            endpoint=endpoint, event_type=_body(request, ("event_type",)).get("event_type")
+        )
+        return Response(endpoint_test_payload(endpoint, event_type=event_type, status=status))
+
+
+class WebhookEventTypeListView(APIView):
+    scopes = {"GET": READ}
+
+    @oa.operation(oa.WEBHOOK_EVENT_TYPE_LIST, operation_id="webhook_event_types_list")
+    def get(self, request: Any) -> Response:
+        return Response({"object": "list", "data": list(EVENT_TYPES)})

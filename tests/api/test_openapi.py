@@ -40,6 +40,9 @@ def test_schema_is_public_openapi_3_and_documents_every_endpoint(client):
         "/v1/models/{name}",
         "/v1/webhook_endpoints",
         "/v1/webhook_endpoints/{endpoint_id}",
+        "/v1/webhook_endpoints/{endpoint_id}/rotate_secret",
+        "/v1/webhook_endpoints/{endpoint_id}/test",
+        "/v1/webhook_event_types",
     ):
         assert path in paths, path
         for operation in schema["paths"][path].values():

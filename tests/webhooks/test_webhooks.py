@@ -8,104 +8,118 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
 
 import orjson
 import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from standardwebhooks import Webhook
 
 from batches.lifecycle import batch_finalize
 from boardwalk import clock
 from boardwalk.models import MetricCounter
 from boardwalk.worker_runtime import WorkerRuntime
-from tests.batches.conftest import rows, submit
 from tests.conftest import Api, Tenant
+from tests.webhooks.conftest import ALL_TYPES, cancelled_batch, deliver_due, register
 from tests.webhooks.receiver import Receiver, free_port
 from webhooks.delivery import BACKOFF_SECONDS, deliveries_due, delivery_attempt
-from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEvent
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def receiver(settings: Any) -> Iterator[Receiver]:
-    recv = Receiver().start()
-    settings.OUTBOUND_ALLOW = [recv.target]
-    yield recv
-    recv.stop()
-
-
-def register(api: Api, url: str, **extra: Any) -> dict[str, Any]:
-    response = api.post("/v1/webhook_endpoints", {"url": url, **extra})
-    assert response.status_code == 200, response.content
-    return response.json()
-
-
-def cancelled_batch(api: Api, key: str = "run-1") -> str:
-    """A batch made terminal (cancelled) without running the engine."""
-    data = submit(api, rows(2), key=key)
-    assert api.post(f"/v1/batches/{data['id']}/cancel").status_code == 200
-    batch = batch_finalize(batch_id=data["id"])
-    assert batch is not None and batch.status == "cancelled"
-    return data["id"]
-
-
-def deliver_due() -> list[str | None]:
-    """What the sweep plus the actor do, in the test thread."""
-    return [delivery_attempt(delivery_id=i) for i in deliveries_due()]
-
-
 def test_endpoint_api_create_list_get_delete(api: Api, tenant: Tenant, other_tenant, receiver):
-    created = register(api, receiver.url, events=["batch.completed", "batch.failed"])
+    created = register(api, receiver.url, event_types=["batch.failed", "batch.completed"])
     assert created["id"].startswith("we_") and created["object"] == "webhook_endpoint"
-    assert created["secret"].startswith("whsec_")
-    assert created["events"] == ["batch.completed", "batch.failed"]
+    assert created["signing_secret"].startswith("whsec_")
+    assert created["signing_secret_hint"] == "whsec_..." + created["signing_secret"][-5:-1]
+    assert created["event_types"] == ["batch.completed", "batch.failed"]
+    assert created["updated_at"] == created["created_at"]
     listed = api.get("/v1/webhook_endpoints").json()
     assert [e["id"] for e in listed["data"]] == [created["id"]]
-    assert "secret" not in listed["data"][0]  # shown once, at creation
+    assert "signing_secret" not in listed["data"][0]  # shown once, at creation
+    assert listed["data"][0]["signing_secret_hint"] == created["signing_secret_hint"]
     assert api.get(f"/v1/webhook_endpoints/{created['id']}").json()["url"] == receiver.url
-    # Read keys list; only write keys register or delete.
+    # Read keys list; only write keys register, change or delete.
     assert api.get("/v1/webhook_endpoints", key=tenant.read_key).status_code == 200
-    assert (
-        api.post("/v1/webhook_endpoints", {"url": receiver.url}, key=tenant.read_key).status_code
-        == 403
-    )
+    body = {"name": "x", "url": receiver.url, "event_types": ALL_TYPES}
+    assert api.post("/v1/webhook_endpoints", body, key=tenant.read_key).status_code == 403
     # Another organization sees nothing of it.
     assert other_tenant.api.get(f"/v1/webhook_endpoints/{created['id']}").status_code == 404
     assert other_tenant.api.delete(f"/v1/webhook_endpoints/{created['id']}").status_code == 404
     deleted = api.delete(f"/v1/webhook_endpoints/{created['id']}").json()
-    assert deleted == {"id": created["id"], "object": "webhook_endpoint", "deleted": True}
+    assert deleted == {"id": created["id"], "object": "webhook_endpoint.deleted", "deleted": True}
     assert api.get("/v1/webhook_endpoints").json()["data"] == []
+
+
+_OK = {"name": "hook", "url": "https://example.com/h", "event_types": ["batch.completed"]}
 
 
 @pytest.mark.parametrize(
-    ("body", "code"),
+    ("body", "code", "param"),
     [
-        ({"url": "http://example.com/hook"}, "invalid_webhook_url"),  # http, not allowed
-        ({"url": "ftp://example.com/hook"}, "invalid_webhook_url"),
-        ({"url": "https://user:pw@example.com/hook"}, "invalid_webhook_url"),
-        ({"url": 5}, "invalid_webhook_url"),
-        ({}, "invalid_webhook_url"),
-        ({"url": "https://example.com/h", "events": ["batch.started"]}, "invalid_webhook_events"),
-        ({"url": "https://example.com/h", "events": []}, "invalid_webhook_events"),
-        ({"url": "https://example.com/h", "secret": "mine"}, "unknown_parameter"),
+        ({**_OK, "url": "http://example.com/hook"}, "invalid_webhook_url", "url"),  # not https
+        ({**_OK, "url": "ftp://example.com/hook"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://user:pw@example.com/hook"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": 5}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": ""}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exa mple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exam\nple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exam\tple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exam\x00ple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exam\u200bple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://exa<mple.com/"}, "invalid_webhook_url", "url"),
+        ({**_OK, "url": "https://example.com/a b"}, "invalid_webhook_url", "url"),
+        ({"name": "hook", "event_types": ["batch.completed"]}, "missing_required_parameter", "url"),
+        (
+            {"url": "https://example.com/h", "event_types": ["batch.completed"]},
+            "missing_required_parameter",
+            "name",
+        ),
+        (
+            {"name": "hook", "url": "https://example.com/h"},
+            "missing_required_parameter",
+            "event_types",
+        ),
+        ({**_OK, "name": ""}, "invalid_name", "name"),
+        ({**_OK, "name": "   "}, "invalid_name", "name"),
+        ({**_OK, "name": "x" * 129}, "invalid_name", "name"),
+        ({**_OK, "name": 7}, "invalid_name", "name"),
+        ({**_OK, "name": "bell\x07"}, "invalid_name", "name"),
+        (
+            {**_OK, "event_types": ["batch.completed", "batch.started"]},
+            "invalid_webhook_events",
+            "event_types",
+        ),
+        ({**_OK, "event_types": ["response.completed"]}, "invalid_webhook_events", "event_types"),
+        ({**_OK, "event_types": []}, "invalid_webhook_events", "event_types"),
+        ({**_OK, "event_types": "batch.completed"}, "invalid_webhook_events", "event_types"),
+        ({**_OK, "events": ["batch.completed"]}, "unknown_parameter", "events"),  # the old name
+        ({**_OK, "signing_secret": "mine"}, "unknown_parameter", "signing_secret"),
     ],
 )
-def test_bad_endpoint_registrations_are_400_and_create_nothing(api: Api, body, code):
+def test_bad_endpoint_registrations_are_400_and_create_nothing(api: Api, body, code, param):
     response = api.post("/v1/webhook_endpoints", body)
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == code
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
     assert response["x-should-retry"] == "false"
     assert api.get("/v1/webhook_endpoints").json()["data"] == []
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_unknown_event_type_is_named_in_the_error(api: Api):
+    body = {**_OK, "event_types": ["batch.completed", "batch.started"]}
+    message = api.post("/v1/webhook_endpoints", body).json()["error"]["message"]
+    assert "'batch.started'" in message
 
 
 def test_terminal_batch_event_is_delivered_signed_and_content_free(
     api: Api, tenant: Tenant, catalog_model, receiver
 ):
-    secret = register(api, receiver.url)["secret"]
-    register(api, "https://example.com/never", events=["batch.completed"])  # not subscribed
+    secret = register(api, receiver.url)["signing_secret"]
+    register(api, "https://example.com/never", event_types=["batch.completed"])  # not subscribed
     batch_id = cancelled_batch(api)
     assert deliver_due() == ["delivered"]
     [got] = receiver.received
@@ -271,3 +285,104 @@ def test_crash_between_terminal_and_delivery_still_delivers(
     [got] = receiver.received
     assert orjson.loads(got.body)["data"] == {"id": batch_id}
     assert WebhookDelivery.objects.get().state == "delivered"
+
+
+@pytest.mark.parametrize(
+    ("changes", "code", "param"),
+    [
+        ({"url": "https://exa mple.com/"}, "invalid_webhook_url", "url"),
+        ({"url": "https://exam\nple.com/"}, "invalid_webhook_url", "url"),
+        ({"url": None}, "invalid_webhook_url", "url"),
+        ({"name": None}, "invalid_name", "name"),
+        ({"name": "ok", "event_types": ["batch.started"]}, "invalid_webhook_events", "event_types"),
+        ({"events": ["batch.completed"]}, "unknown_parameter", "events"),
+    ],
+)
+def test_bad_updates_are_400_and_change_nothing(api: Api, receiver, changes, code, param):
+    endpoint = register(api, receiver.url)
+    before = WebhookEndpoint.objects.values().get()
+    with clock.travel(dt.timedelta(seconds=5)):  # a write would move updated_at
+        response = api.post(f"/v1/webhook_endpoints/{endpoint['id']}", changes)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param)
+    assert WebhookEndpoint.objects.values().get() == before
+
+
+def test_rotated_secret_kept_for_24_hours_signs_deliveries_then_stops(
+    api: Api, catalog_model, receiver
+):
+    endpoint = register(api, receiver.url)
+    old = endpoint["signing_secret"]
+    rotated = api.post(
+        f"/v1/webhook_endpoints/{endpoint['id']}/rotate_secret",
+        {"keep_old_secret_active_for_24_hours": True},
+    ).json()
+    new = rotated["signing_secret"]
+    assert new != old
+    assert "signing_secret" not in api.get(f"/v1/webhook_endpoints/{endpoint['id']}").json()
+    cancelled_batch(api)
+    assert deliver_due() == ["delivered"]
+    [got] = receiver.received
+    assert len(got.headers["webhook-signature"].split()) == 2
+    for secret in (new, old):  # a receiver on either secret accepts it
+        Webhook(secret).verify(got.body, got.headers)
+    with clock.travel(dt.timedelta(hours=24, seconds=1)):
+        test = api.post(
+            f"/v1/webhook_endpoints/{endpoint['id']}/test", {"event_type": "batch.completed"}
+        )
+    assert test.status_code == 200 and test.json()["status_code"] == 200
+    assert len(receiver.received[-1].headers["webhook-signature"].split()) == 1
+    bad = api.post(
+        f"/v1/webhook_endpoints/{endpoint['id']}/rotate_secret",
+        {"keep_old_secret_active_for_24_hours": "yes"},
+    )
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_request")
+    assert (
+        api.post(f"/v1/webhook_endpoints/{endpoint['id']}/test", {}).json()["error"]["code"]
+        == "missing_required_parameter"
+    )
+
+
+def test_deliveries_follow_the_updated_event_types(api: Api, catalog_model, receiver):
+    endpoint = register(api, receiver.url, event_types=["batch.completed"])
+    changed = api.post(
+        f"/v1/webhook_endpoints/{endpoint['id']}", {"event_types": ["batch.cancelled"]}
+    ).json()
+    assert changed["event_types"] == ["batch.cancelled"]
+    cancelled_batch(api)
+    assert deliver_due() == ["delivered"]
+    assert orjson.loads(receiver.received[0].body)["type"] == "batch.cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_keeps_existing_endpoints(tenant: Tenant):
+    """An endpoint registered with the old `{url, events}` shape keeps its url, events and
+    secret, and gains a name and `updated_at`."""
+    executor = MigrationExecutor(connection)
+    executor.migrate([("webhooks", "0001_webhook_outbox")])
+    old_apps = executor.loader.project_state([("webhooks", "0001_webhook_outbox")]).apps
+    OldEndpoint = old_apps.get_model("webhooks", "WebhookEndpoint")
+    created = clock.now() - dt.timedelta(days=3)
+    OldEndpoint.objects.create(
+        id="we_legacy",
+        org_id=tenant.org.id,
+        url="https://hooks.example.com/in",
+        events=["batch.failed"],
+        secret_key_id="k1",
+        wrapped_secret=b"wrapped",
+        created_at=created,
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("webhooks"))
+    row = WebhookEndpoint.objects.get(id="we_legacy")
+    assert (row.name, row.url, row.event_types) == (
+        "hooks.example.com",
+        "https://hooks.example.com/in",
+        ["batch.failed"],
+    )
+    assert (row.secret_key_id, bytes(row.wrapped_secret)) == ("k1", b"wrapped")
+    assert row.updated_at == row.created_at == created
+    assert row.secret_hint == "" and row.previous_wrapped_secret is None
+    shown = tenant.api.get("/v1/webhook_endpoints/we_legacy").json()
+    assert (shown["event_types"], shown["signing_secret_hint"]) == (["batch.failed"], None)
