@@ -24,7 +24,7 @@ from boardwalk.errors import ServiceUnavailable
 from files.crypto import CryptoError
 from files.models import File
 from files.services import file_iter_bodies, line_index_span
-from inference.chat_completions import prompt_token_counts
+from inference.prompt_bounds import prompt_token_counts
 from inference.selectors import ModelNotUsable, model_resolve
 from inference.tokenization import chat_tokenizer_for
 

@@ -10,7 +10,6 @@ from inference.engine.chat import (
     render_media_prompt,
     render_prompt,
 )
-from inference.engine.chat import text_message as _text_message
 from inference.engine.types import (
     FINISH_STOP,
     Choice,
@@ -40,20 +39,6 @@ def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
         return render_prompt(tokenizer, body["messages"], body.get("tools") or None)
     counts = [layout.placeholder_count() for _ in media_parts(body["messages"])]
     return media_prompt(tokenizer, body, layout=layout, counts=counts).ids
-
-
-def prompt_token_counts(tokenizer: Any, bodies: list[dict[str, Any]]) -> list[int]:
-    """`len(prompt_ids(tokenizer, body))` of each body; text-only prompts on the web tier's
-    ChatTokenizer are encoded in one batch (`count_rendered`), the rest one by one."""
-    if getattr(tokenizer, "media_layout", True) is not None:  # media, or not a ChatTokenizer
-        return [len(prompt_ids(tokenizer, body)) for body in bodies]
-    texts = [
-        tokenizer.render(
-            [_text_message(m) for m in body["messages"]], tools=body.get("tools") or None
-        )
-        for body in bodies
-    ]
-    return tokenizer.count_rendered(texts)
 
 
 def media_prompt(

@@ -5,7 +5,8 @@ AutoTokenizer alone pulls torch in). `ChatTokenizer` reads the revision's `token
 and `tokenizer_config.json` and renders the chat template the way transformers'
 `apply_chat_template` does (a sandboxed Jinja environment, trim_blocks/lstrip_blocks, the
 special tokens as variables, then encoding without added special tokens), so
-`inference.chat_completions.prompt_ids` gives the worker's counts.
+`inference.chat_completions.prompt_ids` gives the worker's counts. Files are counted with
+`inference.prompt_bounds.prompt_token_counts`, which stops at the revision's context.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class ChatTokenizer:
         *,
         chat_template: str | None = None,
         media_layout: MediaLayout | None = None,
+        context_length: int | None = None,
     ) -> None:
         try:
             self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -73,6 +75,9 @@ class ChatTokenizer:
         self._template = env.from_string(template)
         # Where media goes in this revision's prompts (None: text only); read by prompt_ids.
         self.media_layout = media_layout
+        # The revision's context: counting stops at a prompt surely longer than it
+        # (inference.prompt_bounds); None counts every prompt in full.
+        self.context_length = context_length
 
     def apply_chat_template(
         self,
@@ -156,6 +161,7 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         _directory(revision),
         chat_template=revision.chat_template or None,
         media_layout=media_layout_for(revision),
+        context_length=revision.context_length,
     )
     with _lock:
         _cache[revision.id] = tokenizer

@@ -24,16 +24,19 @@ from boardwalk.codes import ItemCode
 from files.models import File
 from files.services import file_iter_lines, file_read_range
 from files.validation.sectioned import effective_body
-from inference.chat_completions import media_prompt, prompt_ids, sampling_params
+from inference.chat_completions import media_prompt, sampling_params
 from inference.engine.chat import PlaceholderMismatch, media_parts
 from inference.engine.types import ERROR_INTERNAL, GenerationRequest, MediaInput
 from inference.media_layout import MediaLayout
+from inference.models import ModelRevision
+from inference.prompt_bounds import bounded_prompt_ids, over_context
 
 logger = logging.getLogger(__name__)
 
 REOPEN_GAP = 1 << 20  # skip forward by decrypting up to this much; reopen beyond it
 OPEN_FILES = 8
 SECTIONS = 64  # parsed section bodies kept (sectioned input, SPEC §4.2)
+_contexts: dict[str, int] = {}  # revision id → context length
 
 
 @dataclass
@@ -168,9 +171,17 @@ class Prepare:
     ) -> Work | Unpreparable:
         try:
             inputs: list[MediaInput] = []
+            # A prompt surely longer than the context is rendered, never tokenized: tokenizing
+            # costs ~100x the text, and the engine could only refuse it (inference/prompt_bounds).
+            context = self._context_length()
             if self.layout is None:
-                ids = prompt_ids(self.tokenizer, body)
+                found = bounded_prompt_ids(self.tokenizer, body, context_length=context)
+                if found is None:
+                    return self._over_context(item)
+                ids = found
             else:
+                if over_context(self.tokenizer, body, context_length=context):
+                    return self._over_context(item)
                 counts = [m.placeholders for m in media]
                 rendered = media_prompt(self.tokenizer, body, layout=self.layout, counts=counts)
                 ids = rendered.ids
@@ -194,6 +205,20 @@ class Prepare:
             logger.error("item %s could not be prepared: %s", item.pk, type(exc).__name__)
             return Unpreparable(item)
         return Work(item, request)
+
+    def _over_context(self, item: BatchItem) -> Unpreparable:
+        logger.info("item %s: context_length_exceeded (found before tokenizing)", item.pk)
+        return Unpreparable(item, ItemCode.CONTEXT_LENGTH_EXCEEDED)
+
+    def _context_length(self) -> int:
+        """The context of this key's revision (revisions are immutable: read once a process)."""
+        revision_id = self.key.revision_id
+        context = _contexts.get(revision_id)
+        if context is None:
+            context = _contexts[revision_id] = ModelRevision.objects.values_list(
+                "context_length", flat=True
+            ).get(pk=revision_id)
+        return context
 
     def _body(self, item: BatchItem) -> dict[str, Any]:
         line = self._reader(item).read(item.line_offset, item.line_length)

@@ -194,3 +194,36 @@ def test_create_before_the_count_has_run_counts_itself(
     assert store_reads  # counted from the stored file, as before the background count
     # The message that arrives afterwards finds the file accepted: nothing left to do.
     assert file_count_prompt_tokens(file_id=file.id) is False
+
+
+def test_a_prompt_longer_than_the_context_counts_one_over_and_fails_before_the_engine(
+    api: Api, catalog_model, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: a prompt whose text surely holds more tokens than the context is counted as
+    context + 1 (never tokenized), held for that, and failed by the worker, uncharged."""
+    from tests.batches.conftest import finalize, run_worker
+
+    context = catalog_model.revision.context_length
+    # Over 13 characters a token (the demo tokenizer's longest entry) times the context.
+    huge = "lorem ipsum " * (13 * context // 12 + 10)
+    file = _upload(api, jsonl(request_line("ok"), request_line("huge", content=huge)))
+    assert file.prompt_tokens[1] == context + 1
+    assert file.prompt_tokens == _counted_now(file, catalog_model)  # acceptance agrees
+
+    estimate = api.post("/v1/batches/estimate", submission(file.id)).json()
+    assert estimate["prompt_tokens"] == file.prompt_tokens[0] + context + 1
+    response = create(api, file.id)
+    assert response.status_code == 200, response.content
+    batch_id = response.json()["id"]
+    assert Batch.objects.get(id=batch_id).hold_microusd == int(estimate["max_charge_microusd"])
+
+    with caplog.at_level("INFO", logger="batches.execution.prepare"):
+        run_worker(batch_id)
+    assert "context_length_exceeded (found before tokenizing)" in caplog.text
+    batch = finalize(batch_id)
+    assert batch is not None and (batch.completed, batch.failed) == (1, 1)
+    huge_item = BatchItem.objects.get(batch_id=batch_id, index=1)
+    assert huge_item.error_code == "context_length_exceeded"
+    assert huge_item.charge_microusd == 0
+    ok_item = BatchItem.objects.get(batch_id=batch_id, index=0)
+    assert batch.charge_microusd == ok_item.charge_microusd > 0

@@ -36,7 +36,8 @@ def test_importing_the_web_url_conf_does_not_import_torch():
 
 def test_web_token_counts_equal_the_workers(catalog_model):
     """The torch-free tokenizer gives exactly the worker's (transformers') prompt ids."""
-    from inference.chat_completions import prompt_ids, prompt_token_counts
+    from inference.chat_completions import prompt_ids
+    from inference.prompt_bounds import bounded_prompt_ids, prompt_token_counts
     from inference.runtime import tokenizer_for
     from inference.tokenization import chat_tokenizer_for
 
@@ -74,6 +75,11 @@ def test_web_token_counts_equal_the_workers(catalog_model):
     worker = tokenizer_for(revision)
     for body in bodies:
         assert prompt_ids(web, body) == prompt_ids(worker, body)
+        # The prepare stage renders, measures, then encodes: the same ids as the template's.
+        for tokenizer in (web, worker):
+            assert bounded_prompt_ids(tokenizer, body, context_length=2048) == prompt_ids(
+                worker, body
+            )
     # Acceptance and the background count encode a file's prompts in batches: the same counts.
     assert prompt_token_counts(web, bodies) == [len(prompt_ids(worker, b)) for b in bodies]
     assert prompt_token_counts(worker, bodies) == [len(prompt_ids(worker, b)) for b in bodies]
