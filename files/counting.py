@@ -8,7 +8,9 @@ while the worker did. A larger file stays off the upload's answer: the upload en
 `files.tasks.file_count_tokens`, which calls `file_count_prompt_tokens`. Acceptance and
 estimate use the stored counts when they are for the revision they pin, and count the file
 themselves (`file_prompt_tokens`, the same loop) when they are not there yet, the count
-failed, or the serving revision has moved on.
+failed, or the serving revision has moved on. A prompt surely longer than the revision's
+context is counted as context + 1 without being tokenized (inference/prompt_bounds.py), so a
+line's count costs about twice the line, not ~100 times.
 """
 
 from __future__ import annotations
