@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils.text import capfirst
 
 from batches.models import Batch, BatchItem
 from boardwalk.models import ApiKey
@@ -181,3 +183,14 @@ def test_the_workers_view_shows_live_processes_and_their_leases(staff, api: Api,
     page = staff.get("/admin/workers/")
     workers = page.context["workers"]
     assert [(w.id, w.alive, w.leases) for w in workers] == [("host-a:1:aa", True, 2)]
+
+
+def test_every_model_in_the_sidebar_has_a_proper_plural(staff):
+    """The admin's default plural adds an "s" ("Webhook deliverys"); each model that needs
+    another sets verbose_name_plural."""
+    page = staff.get("/admin/").content.decode()
+    assert "Webhook deliveries" in page and "Ledger entries" in page
+    for model in admin.site._registry:
+        plural = str(model._meta.verbose_name_plural)
+        assert not re.search(r"(?:[^aeiou]ys|[sxz]s|[cs]hs)$", plural), plural
+        assert capfirst(plural) in page, plural
