@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from .allocator import keep_freed_memory
 from .kv import BlockPool, PagedCache
@@ -75,8 +76,7 @@ class ModelRunner:
         self._tokenizer_size = len(tokenizer)
 
         layers = text.num_hidden_layers
-        kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        kv_heads, head_dim = _kv_shape(model, self.device, layers)
         element = torch.empty((), dtype=self._dtype).element_size()
         block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
         self._key_width = head_dim * kv_heads / text.num_attention_heads
@@ -283,6 +283,29 @@ class ModelRunner:
                 failed.add(seq.owner)
                 tokens.append(None)
         return tokens
+
+
+def _kv_shape(model: Any, device: torch.device, layers: int) -> tuple[int, int]:
+    """(key/value heads, head dim) of what the model's attention hands its cache, read from a
+    one-token forward: the config does not say it alike in every family (Falcon's multi-query
+    attention caches one head and has no `num_key_value_heads`; with its new decoder
+    architecture it caches every query head whatever `num_kv_heads` says)."""
+    probe = DynamicCache()
+    with torch.inference_mode():
+        model(
+            input_ids=torch.zeros((1, 1), dtype=torch.long, device=device),
+            cache=probe,
+            use_cache=True,
+        )
+    # A linear-attention layer (hybrid models) caches no keys.
+    cached = [k for k in (getattr(layer, "keys", None) for layer in probe.layers) if k is not None]
+    shapes = {(keys.shape[1], keys.shape[3]) for keys in cached}  # [1, heads, 1, head dim]
+    if len(cached) != layers or len(shapes) != 1:
+        raise ValueError(
+            "models whose layers do not all cache keys and values of one shape are not supported"
+        )
+    kv_heads, head_dim = shapes.pop()
+    return int(kv_heads), int(head_dim)
 
 
 def _decode_padded(
