@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from tests.inference.test_engine import reference
 
 pytestmark = pytest.mark.model
 
@@ -93,17 +94,6 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [shared + tail for tail in tails]  # a prefix shared across block boundaries
 
 
-def _reference(model: Any, prompt: list[int], tokens: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=tokens,
-        min_new_tokens=tokens,
-        do_sample=False,
-    )
-    return out[0, len(prompt) :].tolist()
-
-
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_each_family_generates_what_model_generate_gives(family, tokenizer, setting: str) -> None:
     prompts = _prompts(len(tokenizer))
@@ -128,7 +118,7 @@ def test_each_family_generates_what_model_generate_gives(family, tokenizer, sett
     for i, p in enumerate(prompts):
         result = results[str(i)]
         assert result.error is None, result.error
-        assert result.choices[0].token_ids == _reference(family, p, tokens), f"prompt {i}"
+        assert result.choices[0].token_ids == reference(family, p, tokens), f"prompt {i}"
 
 
 def test_each_familys_n_choices_share_one_prefill_and_match(family, tokenizer) -> None:
@@ -139,5 +129,5 @@ def test_each_familys_n_choices_share_one_prefill_and_match(family, tokenizer) -
     [result] = engine.generate([GenerationRequest("n", prompt, params)])
 
     assert result.error is None, result.error
-    expected = _reference(family, prompt, 12)
+    expected = reference(family, prompt, 12)
     assert [c.token_ids for c in result.choices] == [expected] * 3
