@@ -21,11 +21,18 @@ def batch_get_for_org(*, org: Organization, batch_id: str) -> Batch:
 
 
 def parse_limit(raw: str | None) -> int:
-    if raw is None or raw == "":
+    """The `limit` query parameter, as /v1/openapi.json describes it: absent means the
+    default, anything else must be the decimal digits of an integer from 1 to MAX_LIMIT.
+
+    An empty `limit=` is refused like any other invalid value: the OpenAI SDK leaves an unset
+    limit out of the query, so an empty one is a caller's bug (an unset variable). So are
+    `+5`, ` 5` and `1_0`, which int() alone would take.
+    """
+    if raw is None:
         return DEFAULT_LIMIT
     try:
-        limit = int(raw)
-    except ValueError:
+        limit = int(raw) if raw.isascii() and raw.isdigit() else 0
+    except ValueError:  # more digits than int() converts
         limit = 0
     if not 1 <= limit <= MAX_LIMIT:
         raise InvalidRequest(
