@@ -11,12 +11,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-
-__all__ = ["OpenApiParameter", "operation"]
 from drf_spectacular.renderers import OpenApiJsonRenderer
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.permissions import AllowAny
+
+from batches.batchrouter import (
+    ASSIGNMENT_WINDOW,
+    CACHED_INPUT_RATE,
+    DEADLINE,
+    INPUT_FORMAT,
+    INPUT_FORMATS,
+    INPUT_RATE,
+    OUTPUT_RATE,
+    ROLE,
+    ROLES,
+    TIER,
+    TIERS,
+    WORK_UNIT_ID,
+)
+from batches.selectors import DEFAULT_LIMIT, MAX_LIMIT
+
+__all__ = ["OpenApiParameter", "not_served", "operation"]
 
 Schema = dict[str, Any]
 
@@ -124,14 +140,72 @@ BATCH: Schema = {
     },
 }
 
+# A payment rate: microusd per million tokens, a non-negative integer as a string.
+_RATE = {"type": "string", "pattern": "^(0|[1-9][0-9]{0,17})$"}
+
+# `metadata` takes only the BatchRouter assignment fields (batches.batchrouter), each checked
+# when the body is parsed. What a schema cannot say is in the descriptions: the deadline must
+# be in the future, the work unit id's limit is in UTF-8 bytes, and the rates and the input
+# format must match the model and the file (checked once the file is found).
+BATCH_METADATA: Schema = _nullable(
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            WORK_UNIT_ID: {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 128,
+                "description": "1 to 128 bytes of UTF-8",
+            },
+            DEADLINE: {
+                "type": "string",
+                "format": "date-time",
+                "description": "RFC 3339 with an offset, in the future",
+            },
+            ASSIGNMENT_WINDOW: {
+                "type": "string",
+                # 1 to 12 digits, not all zeros, then a unit: '90s', '30m', '6h'.
+                "pattern": "^(?=[0-9]*[1-9])[0-9]{1,12}[smh]$",
+                "description": "a duration longer than zero; anything past 24h counts as 24h",
+            },
+            TIER: {"type": "string", "enum": list(TIERS)},
+            ROLE: {"type": "string", "enum": list(ROLES)},
+            INPUT_RATE: _RATE,
+            CACHED_INPUT_RATE: _RATE,
+            OUTPUT_RATE: _RATE,
+            INPUT_FORMAT: {"type": "string", "enum": list(INPUT_FORMATS)},
+        },
+    }
+)
+
 BATCH_CREATE: Schema = {
     "type": "object",
     "required": ["input_file_id", "endpoint", "completion_window"],
+    "additionalProperties": False,
     "properties": {
-        "input_file_id": STR,
+        "input_file_id": {"type": "string", "minLength": 1},
         "endpoint": {"type": "string", "enum": ["/v1/chat/completions"]},
         "completion_window": {"type": "string", "enum": ["24h"]},
-        "metadata": _nullable({"type": "object", "additionalProperties": STR}),
+        "metadata": BATCH_METADATA,
+    },
+}
+
+# The upload form (POST /v1/files): these two fields, nothing else. The server reads the file
+# part whatever its Content-Type and filename; its lines are checked as they stream (SPEC §4).
+FILE_UPLOAD: Schema = {
+    "type": "object",
+    "required": ["purpose", "file"],
+    "additionalProperties": False,
+    "properties": {
+        "purpose": {"type": "string", "enum": ["batch"]},
+        "file": {
+            "type": "string",
+            "format": "binary",
+            "description": "UTF-8 JSONL, one batch request per line: at most 256 MiB and "
+            "1,000 lines, each line at most 20 MiB; a file with line errors is refused with "
+            "400 invalid_input_file, every error in `details`",
+        },
     },
 }
 
@@ -318,11 +392,24 @@ def list_of(item: Schema) -> Schema:
 
 
 PAGINATION = [
-    OpenApiParameter("limit", int, description="1 to 100, default 20"),
-    OpenApiParameter("after", str, description="cursor: the last id of the previous page"),
+    OpenApiParameter(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+        description=f"1 to {MAX_LIMIT}, default {DEFAULT_LIMIT}; an empty value is refused",
+    ),
+    OpenApiParameter(
+        "after",
+        str,
+        description="cursor: the last id of the previous page; an id this list does not hold "
+        "is refused (400 invalid_cursor)",
+    ),
 ]
 IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, required=True, description="1 to 256 bytes"
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": 256},
+    OpenApiParameter.HEADER,
+    required=True,
+    description="1 to 256 bytes of UTF-8",
 )
 
 _ERROR_TEXT = {
@@ -340,6 +427,12 @@ _ERROR_TEXT = {
     503: "Unavailable, retry later",
 }
 _ALWAYS = (400, 401, 403, 404, 405)
+
+
+def not_served() -> Callable[[Any], Any]:
+    """For a method a view answers only to explain that it is not served (405 with a hint):
+    left out of the schema, which describes what the server does."""
+    return extend_schema(exclude=True)
 
 
 def operation(
@@ -372,8 +465,28 @@ def operation(
     )
 
 
+def require_request_bodies(result: Schema, generator: Any, request: Any, public: bool) -> Schema:
+    """Postprocessing hook: a body whose schema has required fields is itself required.
+
+    drf-spectacular marks the raw-dict bodies of `operation(request=...)` optional; the server
+    refuses a request without one (400 or 415), so the schema says it is required."""
+    for operations in result.get("paths", {}).values():
+        for described in operations.values():
+            body = described.get("requestBody")
+            if body and any(m.get("schema", {}).get("required") for m in body["content"].values()):
+                body["required"] = True
+    return result
+
+
 class OpenApiView(SpectacularAPIView):
     """Public: a client generator needs no key. The schema holds no tenant data."""
+
+    custom_settings = {
+        "POSTPROCESSING_HOOKS": [
+            "drf_spectacular.hooks.postprocess_schema_enums",
+            "boardwalk.openapi.require_request_bodies",
+        ]
+    }
 
     scopes = {"GET": ()}  # deny-by-default walk: this view states it is open
     permission_classes = [AllowAny]

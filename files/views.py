@@ -48,9 +48,7 @@ class FileCollectionView(APIView):
     # upload_receive streams the body and refuses an oversized one itself (413).
     reads_own_body = True
 
-    @oa.operation(
-        None, operation_id="files_list", summary="Not supported: there is no file list (405)"
-    )
+    @oa.not_served()
     def get(self, request: Any) -> Response:
         raise MethodNotAllowed(
             "There is no file-list endpoint; keep the ids returned by uploads and batches.",
@@ -59,16 +57,7 @@ class FileCollectionView(APIView):
     @oa.operation(
         oa.FILE,
         errors=(409, 413, 415, 429),
-        request={
-            "multipart/form-data": {
-                "type": "object",
-                "required": ["purpose", "file"],
-                "properties": {
-                    "purpose": {"type": "string", "enum": ["batch"]},
-                    "file": {"type": "string", "format": "binary"},
-                },
-            }
-        },
+        request={"multipart/form-data": oa.FILE_UPLOAD},
     )
     def post(self, request: Any) -> Response:
         # The body is read here, as it streams, not by DRF's parsers (request.data is unused).
