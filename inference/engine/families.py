@@ -51,14 +51,28 @@ def context_length_of(config: dict[str, Any]) -> int | None:
 
 
 def kv_heads_of(config: dict[str, Any]) -> int:
-    """K/V heads per layer as the family's attention caches them."""
+    """K/V heads per layer as the family's attention caches them (an estimate from the
+    config: the engine itself reads them from one cached step, engine.runner)."""
     text = text_config(config)
     heads = int(text.get("num_attention_heads") or text.get("n_head") or 0)
-    if text.get("model_type") == "falcon" or config.get("model_type") == "falcon":
-        if text.get("new_decoder_architecture"):
-            return int(text.get("num_kv_heads") or heads)
-        return 1 if text.get("multi_query", True) else heads
+    if config.get("model_type") == "falcon":
+        # Multi-query Falcon caches one head; with the new decoder architecture it caches
+        # every query head (num_kv_heads groups only the projection).
+        multi_query = text.get("multi_query", True) and not text.get("new_decoder_architecture")
+        return 1 if multi_query else heads
     return int(text.get("num_key_value_heads") or heads)
+
+
+def window_refusal(text: dict[str, Any], *, context_length: int) -> str | None:
+    """Why a language model config's sliding window keeps the engine from serving it."""
+    window = text.get("sliding_window")
+    if window and text.get("use_sliding_window", True) and window < context_length:
+        return (
+            f"the model attends through a sliding window of {window} tokens, shorter than the "
+            f"context length {context_length}: the engine does not support sliding windows "
+            f"yet; serve it with --context-length {window} or less"
+        )
+    return None
 
 
 def refusal(config: dict[str, Any], *, context_length: int) -> str | None:
@@ -75,16 +89,4 @@ def refusal(config: dict[str, Any], *, context_length: int) -> str | None:
     text = text_config(config)
     if text.get("alibi"):
         return f"{TEXT_FAMILIES[model_type]} with ALiBi positions is not supported by the engine"
-    if model_type == "falcon" and not text.get("new_decoder_architecture"):
-        return (
-            "Falcon without the new decoder architecture (multi-query attention) is not "
-            "supported by the engine"
-        )
-    window = text.get("sliding_window")
-    if window and text.get("use_sliding_window", True) and window < context_length:
-        return (
-            f"the model attends through a sliding window of {window} tokens, shorter than the "
-            f"context length {context_length}: the engine does not support sliding windows "
-            f"yet; serve it with --context-length {window} or less"
-        )
-    return None
+    return window_refusal(text, context_length=context_length)

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from .allocator import keep_freed_memory
+from .families import window_refusal
 from .kv import BlockPool, PagedCache
 from .media import MediaEncoder
 from .sampling import sample
@@ -58,11 +59,9 @@ class ModelRunner:
         if attention not in _SUPPORTED_ATTENTION:
             raise ValueError(f"attention {attention!r} is not supported; load with sdpa or eager")
         text = config.get_text_config(decoder=True)
-        window = getattr(text, "sliding_window", None)
-        if window and getattr(text, "use_sliding_window", True) and window < context_length:
-            raise ValueError(
-                "models with a sliding window shorter than the context are not supported"
-            )
+        refused = window_refusal(text.to_dict(), context_length=context_length)
+        if refused:
+            raise ValueError(refused)
         keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
         self.model = model
         self.block_size = block_size
