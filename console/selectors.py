@@ -20,10 +20,13 @@ from batches.models import Batch, BatchItem, WorkerProcess
 from billing.metering import ROLLUP_SUMS
 from billing.models import UsageRollup
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
 
 SUMS = ROLLUP_SUMS
+# The codes a stopping batch ends its unrun items with (batches.lifecycle).
+STOPPED_CODES = frozenset({ItemCode.BATCH_CANCELLED, ItemCode.BATCH_EXPIRED, ItemCode.BATCH_FAILED})
 
 
 class Period(StrEnum):
@@ -53,7 +56,7 @@ class UsageRow:
     output_tokens: int = 0
     gpu_microseconds: int = 0
     items_succeeded: int = 0
-    items_failed: int = 0
+    items_failed: int = 0  # every failed item, those of stopped batches too (from the items)
     spend_microusd: int = 0
     org_id: str = ""
 
@@ -80,11 +83,13 @@ class UsageDashboard:
     by_org: list[UsageRow]
     by_model: list[UsageRow]
     by_org_model: list[UsageRow]
-    series: list[UsageRow]
+    series: list[UsageRow]  # the points with usage, oldest first
+    buckets: list[dt.datetime]  # every point of the window, with usage or not
     spend_series_by_org: dict[str, dict[str, int]]
     batches_by_status: dict[str, int]
     expirations: int
-    failure_codes: dict[str, int]
+    failure_codes: dict[str, int]  # failed items by error code, most first
+    items_stopped: int  # failed items that never ran: their batch was cancelled, expired or failed
     queue: Queue
     seconds: float = field(init=False)
 
@@ -93,7 +98,9 @@ class UsageDashboard:
 
     @property
     def items_per_second(self) -> float:
-        return (self.total.items_succeeded + self.total.items_failed) / self.seconds
+        """Items that ran to an outcome; those a stopped batch ended never ran."""
+        ran = self.total.items_succeeded + self.total.items_failed - self.items_stopped
+        return ran / self.seconds
 
     @property
     def tokens_per_second(self) -> float:
@@ -170,33 +177,71 @@ def queue_health(*, org: Organization | None = None) -> Queue:
     )
 
 
+def _buckets(period: Period, start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
+    """Every point of the window, oldest first: the hours of a day, the days of a week or a
+    month. The charts draw each (zero where nothing ran), so a single busy hour or day reads
+    as a bar or a peak in its window, never as a lone dot."""
+    step = dt.timedelta(hours=1) if period.hourly else dt.timedelta(days=1)
+    t = _point(period, start.replace(minute=0, second=0, microsecond=0))
+    out = []
+    while t <= end:
+        out.append(t)
+        t += step
+    return out
+
+
+def _point(period: Period, bucket: dt.datetime) -> dt.datetime:
+    """The chart point a rollup hour belongs to: itself (day view) or its day."""
+    return bucket if period.hourly else bucket.replace(hour=0)
+
+
 def usage_dashboard(*, period: Period, org: Organization | None = None) -> UsageDashboard:
     start, end, rollup = _window(period, org)
     # Two GROUP BYs over the rollup, each a few dozen to a few thousand rows back; the
     # coarser views (total, per org, per model) are folded from them here rather than
     # scanned again: on SQLite each scan of a month of rollup rows is the page's main cost.
-    org_model_rows = list(
-        rollup.values("org_id", "revision_id", "deployment_id")
-        .annotate(**_sums())
-        .order_by("org_id", "revision_id", "deployment_id")
-    )
+    sums = {
+        (r["org_id"], r["revision_id"], r["deployment_id"]): r
+        for r in rollup.values("org_id", "revision_id", "deployment_id").annotate(**_sums())
+    }
+    # Failed items are counted from the items, not the rollup: the rollup meters the
+    # attempts that ran, while a stopped batch (cancelled, expired, failed) ends its unrun
+    # items failed with its code, and an item out of attempts ends without a last attempt.
+    failed = BatchItem.objects.filter(state=BatchItem.State.FAILED, completed_at__gte=start)
+    if org is not None:
+        failed = failed.filter(org_id_key=org.id)
+    failed_by_key: dict[tuple[str, str, str], int] = defaultdict(int)
+    codes: dict[str, int] = defaultdict(int)
+    stopped = 0
+    for org_id, revision_id, deployment_id, code, n in (
+        failed.values("org_id_key", "revision_id_key", "deployment_id_key", "error_code")
+        .annotate(n=Count("id"))
+        .order_by()
+        .values_list("org_id_key", "revision_id_key", "deployment_id_key", "error_code", "n")
+    ):
+        failed_by_key[(org_id, revision_id, deployment_id)] += n
+        codes[code] += n
+        stopped += n if code in STOPPED_CODES else 0
+    keys = sorted(set(sums) | set(failed_by_key))
     org_names = dict(
-        Organization.objects.filter(id__in={r["org_id"] for r in org_model_rows}).values_list(
-            "id", "name"
-        )
+        Organization.objects.filter(id__in={k[0] for k in keys}).values_list("id", "name")
     )
-    labels = _model_labels({(r["revision_id"], r["deployment_id"]) for r in org_model_rows})
+    labels = _model_labels({(k[1], k[2]) for k in keys})
     total = UsageRow("total", "Total")
     orgs: dict[str, UsageRow] = {}
     models: dict[tuple[str, str], UsageRow] = {}
     by_org_model = []
-    for r in org_model_rows:
-        key = (r["revision_id"], r["deployment_id"])
-        name = org_names.get(r["org_id"], r["org_id"])
-        row = _row(key, f"{name} · {labels[key]}", r, org_id=r["org_id"])
+    for org_id, revision_id, deployment_id in keys:
+        key = (revision_id, deployment_id)
+        values = {
+            **sums.get((org_id, revision_id, deployment_id), {}),
+            "items_failed": failed_by_key.get((org_id, revision_id, deployment_id), 0),
+        }
+        name = org_names.get(org_id, org_id)
+        row = _row(key, f"{name} · {labels[key]}", values, org_id=org_id)
         by_org_model.append(row)
         _add(total, row)
-        _add(orgs.setdefault(r["org_id"], UsageRow(r["org_id"], name, org_id=r["org_id"])), row)
+        _add(orgs.setdefault(org_id, UsageRow(org_id, name, org_id=org_id)), row)
         _add(models.setdefault(key, UsageRow(key, labels[key])), row)
     by_org_model.sort(key=lambda row: row.label)
     by_org = sorted(orgs.values(), key=lambda row: row.label)
@@ -205,12 +250,9 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
     # Grouped by the rollup's own hour in SQL, folded into days here: SQLite truncates dates
     # with a Python function per row, which over a month of rollup rows costs more than the
     # rest of the page (docs/PERFORMANCE.md).
-    def point(bucket: dt.datetime) -> dt.datetime:
-        return bucket if period.hourly else bucket.replace(hour=0)
-
     points: dict[dt.datetime, UsageRow] = {}
     for r in rollup.values("bucket").annotate(**_sums()).order_by("bucket"):
-        t = point(r["bucket"])
+        t = _point(period, r["bucket"])
         _add(points.setdefault(t, UsageRow(t, t.isoformat())), _row(t, "", r))
     # Spend lands in the hours batches settled in: few rows, so this scan returns little.
     spend_series: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -222,24 +264,16 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
         .values_list("bucket", "org_id", "spend")
     ):
         name = org_names.get(org_id, org_id)
-        spend_series[name][point(bucket).isoformat()] += int(spend or 0)
+        spend_series[name][_point(period, bucket).isoformat()] += int(spend or 0)
     series = list(points.values())
 
     batches = Batch.objects.filter(created_at__gte=start)
-    items_failed = BatchItem.objects.filter(state=BatchItem.State.FAILED, completed_at__gte=start)
     expired = Batch.objects.filter(status=Batch.Status.EXPIRED, expired_at__gte=start)
     if org is not None:
         batches = batches.filter(org=org)
-        items_failed = items_failed.filter(org_id_key=org.id)
         expired = expired.filter(org=org)
     by_status = dict(
         batches.values("status").annotate(n=Count("id")).order_by().values_list("status", "n")
-    )
-    failure_codes = dict(
-        items_failed.values("error_code")
-        .annotate(n=Count("id"))
-        .order_by("-n")
-        .values_list("error_code", "n")[:20]
     )
     return UsageDashboard(
         period=period,
@@ -251,10 +285,12 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
         by_model=by_model,
         by_org_model=by_org_model,
         series=series,
+        buckets=_buckets(period, start, end),
         spend_series_by_org={org: dict(data) for org, data in spend_series.items()},
         batches_by_status=by_status,
         expirations=expired.count(),
-        failure_codes=failure_codes,
+        failure_codes=dict(sorted(codes.items(), key=lambda c: (-c[1], c[0]))),
+        items_stopped=stopped,
         queue=queue_health(org=org),
     )
 

@@ -4,9 +4,10 @@ active staff only, everyone else is sent to the admin login. Ids, counts and mon
 from __future__ import annotations
 
 import csv
+import datetime as dt
 from typing import Any
 
-from chartkick.django import BarChart, ColumnChart, LineChart, PieChart
+from chartkick.django import ColumnChart, LineChart, PieChart
 from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -15,6 +16,7 @@ from console.selectors import (
     SUMS,
     Period,
     UsageDashboard,
+    UsageRow,
     organization_for_staff,
     usage_dashboard,
     workers_overview,
@@ -34,34 +36,57 @@ def _dashboard(request: HttpRequest) -> UsageDashboard:
     return usage_dashboard(period=period, org=org)
 
 
+def _column_label(d: UsageDashboard, t: dt.datetime) -> str:
+    """A column's short (and unique) label: in the day view the hour, its date where a day
+    begins (the window's own dates head the page) and "now" for this hour, whose clock hour
+    the window's first column has too; the date in the others."""
+    if not d.period.hourly:
+        return t.strftime("%m-%d")
+    if t == d.buckets[-1]:
+        return "now"
+    return t.strftime("%H:00" if t.hour else "%m-%d")
+
+
 def _charts(d: UsageDashboard) -> dict[str, Any]:
+    # The time charts draw every point of the window, zero where nothing ran (d.buckets),
+    # with straight lines between them: one busy hour or day is a peak in its window, not a
+    # lone dot, and a quiet hour reads as zero rather than as a curve's dip below it.
+    points = {r.key: r for r in d.series}
+    times = [t.isoformat() for t in d.buckets]
+    empty = UsageRow(None, "")
     tokens = [
-        {"name": name, "data": {r.label: getattr(r, attr) for r in d.series}}
+        {
+            "name": name,
+            "data": {t.isoformat(): getattr(points.get(t, empty), attr) for t in d.buckets},
+        }
         for name, attr in (
             ("input", "input_tokens"),
             ("cached", "cached_tokens"),
             ("output", "output_tokens"),
         )
     ]
+    line = {"height": "260px", "curve": False}
+    # Names go under columns rather than beside bars: the chart library cuts a long name
+    # beside a bar at the canvas edge ("t-agent (deployment)"); the table has them in full.
     return {
-        "tokens": LineChart(tokens, height="260px"),
+        "tokens": LineChart(tokens, **line),
         # Columns are categories, not a time axis: short labels read better than ISO times.
         "gpu": ColumnChart(
-            {
-                r.key.strftime("%m-%d %H:00" if d.period.hourly else "%Y-%m-%d"): round(
-                    r.gpu_seconds, 3
-                )
-                for r in d.series
-            },
+            [[_column_label(d, t), round(points.get(t, empty).gpu_seconds, 3)] for t in d.buckets],
             height="260px",
         ),
         "spend": LineChart(
-            [{"name": org, "data": data} for org, data in d.spend_series_by_org.items()],
-            height="260px",
+            [
+                {"name": org, "data": {t: data.get(t, 0) for t in times}}
+                for org, data in d.spend_series_by_org.items()
+            ],
+            **line,
         ),
-        "spend_by_model": BarChart({r.label: r.spend_microusd for r in d.by_model}, height="220px"),
+        "spend_by_model": ColumnChart(
+            [[r.label, r.spend_microusd] for r in d.by_model], height="220px"
+        ),
         "statuses": PieChart(d.batches_by_status, height="220px", donut=True),
-        "failures": BarChart(d.failure_codes, height="220px"),
+        "failures": ColumnChart(list(d.failure_codes.items()), height="220px"),
     }
 
 
@@ -72,6 +97,7 @@ def usage_view(request: HttpRequest) -> HttpResponse:
         "title": "Usage"
         + (f": {dashboard.org.name}" if dashboard.org is not None else ": all organizations"),
         "d": dashboard,
+        "time_format": "m-d H:i" if dashboard.period.hourly else "Y-m-d",
         "charts": _charts(dashboard),
         "periods": list(Period),
         "query": request.GET.urlencode(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 from typing import Any
 
@@ -10,8 +11,11 @@ import pytest
 from django.db.models import Sum
 
 from batches.models import BatchItem
+from batches.sweeps import sweep_work
 from billing.models import LedgerEntry, UsageEvent
+from boardwalk import clock
 from console.selectors import Period, usage_dashboard
+from tests.batches.conftest import finalize, rows, submit
 from tests.console.conftest import Seeded
 
 pytestmark = pytest.mark.django_db
@@ -117,3 +121,61 @@ def test_the_chart_assets_are_served_by_the_app_itself(client):
         response = client.get(asset)
         assert response.status_code == 200, asset
         assert b"".join(response.streaming_content)[:1]
+
+
+def test_items_failed_and_the_failure_codes_count_the_items_stopped_batches_ended(
+    staff, seeded: Seeded, catalog_model, deployment
+):
+    """Items a cancelled or expired batch never ran end failed with its code: "Items failed"
+    and the failure chart count them with the items that ran and failed (SPEC §8)."""
+    acme, globex = seeded.acme, seeded.globex
+    cancelled = submit(acme.api, rows(3), key="to-cancel")
+    assert acme.api.post(f"/v1/batches/{cancelled['id']}/cancel").status_code == 200
+    assert finalize(cancelled["id"]).status == "cancelled"
+    expiring = submit(globex.api, rows(2), key="to-expire")
+    with clock.travel(dt.timedelta(hours=24, seconds=1)):
+        sweep_work()
+        assert finalize(expiring["id"]).status == "expired"
+    # And items written so directly, as a stopped deployment batch leaves them (no usage
+    # was metered for them: they never ran).
+    stopped = submit(acme.api, rows(2, model=deployment.name), key="stopped-deployment")
+    BatchItem.objects.filter(batch_id=stopped["id"]).update(
+        state=BatchItem.State.FAILED, error_code="batch_cancelled", completed_at=clock.now()
+    )
+    assert not UsageEvent.objects.filter(batch_id__in=[cancelled["id"], stopped["id"]]).exists()
+
+    dashboard = usage_dashboard(period=Period.WEEK)
+    assert dashboard.failure_codes == {"batch_cancelled": 5, "batch_expired": 2}
+    assert dashboard.total.items_failed == 7
+    rows_by_key = {(r.org_id, r.key): r.items_failed for r in dashboard.by_org_model}
+    revision = catalog_model.revision_id
+    assert rows_by_key == {
+        (acme.org.id, (revision, "")): 3,
+        (acme.org.id, (revision, deployment.id)): 2,
+        (globex.org.id, (revision, "")): 2,
+    }
+    assert {r.org_id: r.items_failed for r in dashboard.by_org} == {
+        acme.org.id: 5,
+        globex.org.id: 2,
+    }
+    # The items that never ran are no throughput.
+    assert dashboard.items_stopped == 7
+    ran = dashboard.total.items_succeeded
+    assert dashboard.items_per_second == pytest.approx(ran / dashboard.seconds)
+    # One organization's view counts its own only.
+    assert usage_dashboard(period=Period.DAY, org=globex.org).failure_codes == {"batch_expired": 2}
+    page = staff.get("/admin/usage/?period=week").content.decode()
+    assert 'id="kpi-failed">7<' in page and "7 never ran" in page
+    table = list(csv.DictReader(io.StringIO(staff.get("/admin/usage.csv").content.decode())))
+    assert sum(int(r["items_failed"]) for r in table) == 7
+
+
+def test_an_organization_with_only_stopped_work_has_its_row(tenant, catalog_model):
+    """A batch cancelled before anything ran meters nothing; its failed items still show."""
+    data = submit(tenant.api, rows(2), key="cancel-at-once")
+    tenant.api.post(f"/v1/batches/{data['id']}/cancel")
+    finalize(data["id"])
+    dashboard = usage_dashboard(period=Period.DAY)
+    assert [(r.label, r.items_failed, r.input_tokens) for r in dashboard.by_org_model] == [
+        ("acme · boardwalk/tiny-chat", 2, 0)
+    ]
