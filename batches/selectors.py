@@ -9,38 +9,12 @@ from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, NotFound
 from boardwalk.models import Organization
 
-DEFAULT_LIMIT = 20
-MAX_LIMIT = 100
-
 
 def batch_get_for_org(*, org: Organization, batch_id: str) -> Batch:
     batch = Batch.objects.filter(org=org, id=batch_id).select_related("revision").first()
     if batch is None:
         raise NotFound(f"No batch with id {batch_id!r}.", param="batch_id")
     return batch
-
-
-def parse_limit(raw: str | None) -> int:
-    """The `limit` query parameter, as /v1/openapi.json describes it: absent means the
-    default, anything else must be the decimal digits of an integer from 1 to MAX_LIMIT.
-
-    An empty `limit=` is refused like any other invalid value: the OpenAI SDK leaves an unset
-    limit out of the query, so an empty one is a caller's bug (an unset variable). So are
-    `+5`, ` 5` and `1_0`, which int() alone would take.
-    """
-    if raw is None:
-        return DEFAULT_LIMIT
-    try:
-        limit = int(raw) if raw.isascii() and raw.isdigit() else 0
-    except ValueError:  # more digits than int() converts
-        limit = 0
-    if not 1 <= limit <= MAX_LIMIT:
-        raise InvalidRequest(
-            f"limit must be an integer from 1 to {MAX_LIMIT}.",
-            code=ErrorCode.INVALID_LIMIT,
-            param="limit",
-        )
-    return limit
 
 
 def _after(

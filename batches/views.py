@@ -10,7 +10,6 @@ from batches.requests import parse_submission
 from batches.selectors import (
     batch_get_for_org,
     batches_page,
-    parse_limit,
     receipt_get_for_org,
     receipts_page,
 )
@@ -18,6 +17,7 @@ from batches.serializers import batch_payload, receipt_payload
 from batches.services import batch_cancel, batch_create, batch_estimate
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
+from boardwalk.pagination import parse_limit
 
 
 def _list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from batches.batchrouter import (
     TIERS,
     WORK_UNIT_ID,
 )
-from batches.selectors import DEFAULT_LIMIT, MAX_LIMIT
+from boardwalk.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
 __all__ = ["OpenApiParameter", "not_served", "operation"]
 

@@ -5,11 +5,11 @@ from typing import Any
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches.selectors import parse_limit
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
+from boardwalk.pagination import parse_limit
 from webhooks.models import EVENT_TYPES
 from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_page
 from webhooks.serializers import deleted_payload, endpoint_payload, endpoint_test_payload
