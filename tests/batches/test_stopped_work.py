@@ -175,7 +175,9 @@ def test_the_migration_ends_items_that_terminal_batches_left_open(api: Api, cata
     # As the code before this change left them.
     BatchItem.objects.filter(batch_id=batch_id, state="failed").update(state="pending")
     live = submit(api, rows(2), key="m-2")
-    migration = importlib.import_module("batches.migrations.0007_end_open_items_of_terminal_batches")
+    migration = importlib.import_module(
+        "batches.migrations.0007_end_open_items_of_terminal_batches"
+    )
     migration.end_open_items(django_apps, None)
     assert not BatchItem.objects.filter(batch_id=batch_id).open().exists()
     assert set(
