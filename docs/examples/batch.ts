@@ -1,6 +1,9 @@
 // A complete batch workflow with the official `openai` npm package (docs/GUIDE.md).
+// Run it from a directory of its own, with both packages installed beside it:
+//   mkdir batch-ts && cp docs/examples/batch.ts batch-ts/ && cd batch-ts
+//   npm install openai@6 tsx@4
 //   BOARDWALK_BASE_URL=http://127.0.0.1:8000/v1 BOARDWALK_API_KEY=bw_... \
-//     npx tsx docs/examples/batch.ts requests.jsonl [OUT_DIR]
+//     npx tsx batch.ts requests.jsonl [OUT_DIR]
 import fs from "node:fs";
 import path from "node:path";
 import OpenAI, { toFile } from "openai";
