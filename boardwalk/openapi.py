@@ -318,7 +318,7 @@ WEBHOOK_ENDPOINT_CREATE: Schema = {
     "type": "object",
     "required": ["name", "url", "event_types"],
     "additionalProperties": False,
-    "description": "At most 16 endpoints per organization (then 400 too_many_webhook_endpoints).",
+    "description": "At most 16 endpoints per organization (then 409 too_many_webhook_endpoints).",
     "properties": {
         "name": _WEBHOOK_NAME,
         "url": _WEBHOOK_URL,

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from boardwalk import clock, outbound
 from boardwalk.codes import ErrorCode
-from boardwalk.errors import InvalidRequest
+from boardwalk.errors import Conflict, InvalidRequest
 from boardwalk.ids import new_id
 from boardwalk.models import Organization
 from files.crypto import Keyring
@@ -139,7 +139,9 @@ def webhook_endpoint_create(
     )
     Organization.objects.select_for_update().filter(id=org.id).first()
     if WebhookEndpoint.objects.filter(org=org).count() >= MAX_ENDPOINTS_PER_ORG:
-        raise InvalidRequest(
+        # A conflict with the organization's state (409, not retried): it succeeds once an
+        # endpoint is deleted, never by sending the same request again.
+        raise Conflict(
             f"An organization has at most {MAX_ENDPOINTS_PER_ORG} webhook endpoints; delete "
             "one first.",
             code=ErrorCode.TOO_MANY_WEBHOOK_ENDPOINTS,

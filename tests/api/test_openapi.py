@@ -164,10 +164,6 @@ def _config(ids: dict[str, list[str]], *, model: str, key: str) -> str:
             "query.batch_id": {"dictionary": "batch_ids", "probability": 0.5},
         },
         "operations": [
-            # TODO(webhooks): valid creates past an org's 16 endpoints answer 400
-            # too_many_webhook_endpoints, a refusal that is neither a conflict status nor in
-            # the schema; enable once the webhooks owner settles how that cap is answered.
-            {"include-name": "POST /v1/webhook_endpoints", "enabled": False},
             {
                 "include-name": "GET /v1/webhook_endpoints",
                 "parameters": {

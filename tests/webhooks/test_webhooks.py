@@ -109,6 +109,20 @@ def test_bad_endpoint_registrations_are_400_and_create_nothing(api: Api, body, c
     assert not WebhookEndpoint.objects.exists()
 
 
+def test_past_the_endpoint_cap_a_create_is_a_409_and_creates_nothing(api: Api):
+    from webhooks.services import MAX_ENDPOINTS_PER_ORG
+
+    for i in range(MAX_ENDPOINTS_PER_ORG):
+        assert api.post("/v1/webhook_endpoints", {**_OK, "name": f"e{i}"}).status_code == 200
+    response = api.post("/v1/webhook_endpoints", {**_OK, "name": "one-more"})
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "too_many_webhook_endpoints"
+    assert "delete one first" in response.json()["error"]["message"]
+    assert response["x-should-retry"] == "false"  # the SDK must not resend it
+    assert WebhookEndpoint.objects.count() == MAX_ENDPOINTS_PER_ORG
+    assert not WebhookEndpoint.objects.filter(name="one-more").exists()
+
+
 def test_unknown_event_type_is_named_in_the_error(api: Api):
     body = {**_OK, "event_types": ["batch.completed", "batch.started"]}
     message = api.post("/v1/webhook_endpoints", body).json()["error"]["message"]
