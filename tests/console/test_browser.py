@@ -118,8 +118,8 @@ def busy(seeded: Seeded, deployment: Any) -> Seeded:
         sweep_work()
         assert finalize(expiring["id"]).status == "expired"
     submit(seeded.globex.api, rows(2), key="still-running")  # in_progress, never run
-    # An hour of big usage at a dozen quiet hours: more rows than the side tables show at
-    # once (they scroll), each row the figures that were cut to "2381" and "5294".
+    # Big usage in a dozen otherwise quiet hours: more rows than the side tables show at once
+    # (they scroll), each row the figures that were cut to "2381" and "5294".
     for n, hours in enumerate((1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14)):
         with clock.travel(-dt.timedelta(hours=hours)):
             usage_record(facts=[big_usage(seeded, item_id=10_000_000 + n)])
@@ -194,7 +194,7 @@ def test_the_dashboard_draws_every_chart_and_every_number_fits(
     assert "batch_cancelled" in failures and "batch_expired" in failures
     assert page.locator("#usage-table tbody tr").count() == 3
     assert page.evaluate(CLIPPED_JS) == []
-    # The side tables show every digit: the figure written beside the chart is the total.
+    # The side table has each of those hours with every digit.
     tokens = page.locator("#tokens-numbers td").all_inner_texts()
     assert tokens.count("23818") == tokens.count("52944") == 12, tokens
     if width == DOCS_WIDTH and os.environ.get("BOARDWALK_UPDATE_DOCS_SCREENSHOT"):
