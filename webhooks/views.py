@@ -41,7 +41,9 @@ def _body(request: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
 class WebhookEndpointCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
-    @oa.operation(oa.WEBHOOK_ENDPOINT_WITH_SECRET, request=oa.WEBHOOK_ENDPOINT_CREATE)
+    @oa.operation(
+        oa.WEBHOOK_ENDPOINT_WITH_SECRET, errors=(409,), request=oa.WEBHOOK_ENDPOINT_CREATE
+    )
     def post(self, request: Any) -> Response:
         body = _body(request, UPDATABLE_FIELDS)
         endpoint, secret = webhook_endpoint_create(
