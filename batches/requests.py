@@ -7,6 +7,7 @@ from typing import Any
 
 from batches.batchrouter import Assignment, assignment_parse
 from boardwalk import clock
+from boardwalk.bodies import body_fields
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
 
@@ -27,15 +28,7 @@ class BatchSubmission:
 
 
 def parse_submission(data: Any) -> BatchSubmission:
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
-    unknown = sorted(set(data) - set(FIELDS))
-    if unknown:
-        raise InvalidRequest(
-            f"Unknown field {unknown[0]!r}; a batch takes only {', '.join(FIELDS)}.",
-            code=ErrorCode.UNKNOWN_PARAMETER,
-            param=unknown[0],
-        )
+    data = body_fields(data, FIELDS, what="a batch")
     file_id = data.get("input_file_id")
     if not isinstance(file_id, str) or not file_id:
         raise InvalidRequest(

@@ -7,8 +7,7 @@ from rest_framework.views import APIView
 
 from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
-from boardwalk.codes import ErrorCode
-from boardwalk.errors import InvalidRequest
+from boardwalk.bodies import body_fields
 from boardwalk.pagination import parse_limit
 from webhooks.models import EVENT_TYPES
 from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_page
@@ -25,17 +24,7 @@ from webhooks.services import (
 
 def _body(request: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
     """The JSON object sent (none at all reads as empty), holding only `allowed` fields."""
-    body = request.data
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise InvalidRequest(
-            f"Unknown field {unknown[0]!r}; allowed: {', '.join(allowed) or 'none'}.",
-            code=ErrorCode.UNKNOWN_PARAMETER,
-            param=unknown[0],
-        )
-    return dict(body)
+    return body_fields(request.data, allowed, what="a webhook endpoint request")
 
 
 class WebhookEndpointCollectionView(APIView):
