@@ -80,7 +80,10 @@ class HiddenEnds:
         return int(hits[0]) + 1 if len(hits) else MAX_TOKENS
 
     def _before(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        positions = kwargs["position_ids"]
+        positions = kwargs.get("position_ids")
+        if positions is None:  # the engine's one-token probe of the K/V shape, no generation
+            self._positions = None
+            return
         keep = kwargs.get("logits_to_keep", 0)
         if isinstance(keep, torch.Tensor):
             positions = positions[:, keep.to(positions.device).long()]
@@ -89,8 +92,10 @@ class HiddenEnds:
         self._positions = positions
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
+        if self._positions is None:
+            return
         logits = output.logits
-        assert self._positions is not None and self._positions.shape == logits.shape[:2]
+        assert self._positions.shape == logits.shape[:2]
         # The logits at position p choose the token at p + 1.
         hit = self.ends.to(logits.device)[(self._positions + 1).clamp(max=len(self.ends) - 1)]
         forced = logits[hit]
