@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from inference.demo_model import _CORPUS, build_demo_model  # noqa: E402
+from inference.demo.model import _CORPUS, build_demo_model  # noqa: E402
 from inference.engine import (  # noqa: E402
     Engine,
     GenerationRequest,

@@ -100,7 +100,7 @@ class Server:
 
         from billing.services import credit_grant
         from boardwalk.services import api_key_create, org_create
-        from inference.demo_model import build_demo_model, demo_revision_fields
+        from inference.demo.model import build_demo_model, demo_revision_fields
         from inference.runtime import engine_for
         from inference.services import catalog_model_create, revision_create
 

@@ -48,7 +48,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
 
 
 def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
-    from inference.demo_model import _CORPUS
+    from inference.demo.model import _CORPUS
 
     rng = random.Random(seed)
     words = _CORPUS.split()
@@ -73,7 +73,7 @@ def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
 
 def _shared_prefix_bodies(count: int, seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A ~500-token system prompt (tiny/bench tokenizer) and `count` short questions."""
-    from inference.demo_model import _CORPUS
+    from inference.demo.model import _CORPUS
 
     section = {
         "model": "boardwalk/tiny-chat",

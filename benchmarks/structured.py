@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from inference.chat_completions import prompt_ids, sampling_params  # noqa: E402
-from inference.demo_model import _CORPUS, build_demo_model  # noqa: E402
+from inference.demo.model import _CORPUS, build_demo_model  # noqa: E402
 from inference.engine import Engine, GenerationRequest, load_model  # noqa: E402
 
 SCHEMA = {

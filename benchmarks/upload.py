@@ -167,7 +167,7 @@ def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True, count: bool
     call_command("migrate", verbosity=0)
     org = org_create(name=f"bench-{time.time_ns()}")
     if count:
-        from inference.demo_model import build_demo_model, demo_revision_fields
+        from inference.demo.model import build_demo_model, demo_revision_fields
         from inference.services import catalog_model_create, revision_create
         from inference.tokenization import chat_tokenizer_for
 

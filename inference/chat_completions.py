@@ -4,12 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.engine.chat import (
-    RenderedPrompt,
-    media_parts,
-    render_media_prompt,
-    render_prompt,
-)
 from inference.engine.types import (
     FINISH_STOP,
     Choice,
@@ -20,6 +14,12 @@ from inference.engine.types import (
     ToolCalls,
 )
 from inference.media_layout import MediaLayout
+from inference.rendering import (
+    RenderedPrompt,
+    media_parts,
+    render_media_prompt,
+    render_prompt,
+)
 from inference.structured import grammar_for, parse_tool_calls, tool_choice_mode
 
 FINISH_TOOL_CALLS = "tool_calls"

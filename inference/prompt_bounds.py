@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
 from inference.chat_completions import prompt_ids
-from inference.engine.chat import text_message
+from inference.rendering import text_message
 from inference.tokenization import ChatTokenizer
 
 # Normalizers that never make a text shorter, and those that may, by how much at most: NFC

@@ -13,12 +13,12 @@ from typing import Any
 from django.conf import settings
 from transformers import AutoTokenizer
 
+from inference.demo.fake_engine import FakeEngine
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess
 from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
-from inference.fake_engine import FakeEngine
 from inference.models import ModelRevision
 
 _lock = threading.Lock()

@@ -17,8 +17,8 @@ from billing.services import credit_grant
 from boardwalk.broker import setup_broker
 from boardwalk.models import Organization
 from boardwalk.services import api_key_create, org_create
-from inference.demo_model import build_demo_model, demo_revision_fields
-from inference.demo_multimodal import (
+from inference.demo.model import build_demo_model, demo_revision_fields
+from inference.demo.multimodal import (
     audio_revision_fields,
     build_audio_model,
     build_vision_model,

@@ -21,7 +21,6 @@ from django.conf import settings
 from boardwalk import outbound
 from boardwalk.codes import ItemCode
 from boardwalk.metrics import counter_inc
-from inference.engine.chat import MEDIA_PART_TYPES
 from inference.media_decoding import (
     InvalidMedia,
     base64_bytes,
@@ -30,6 +29,7 @@ from inference.media_decoding import (
     decode_image,
 )
 from inference.media_layout import MediaLayout
+from inference.rendering import MEDIA_PART_TYPES
 
 logger = logging.getLogger(__name__)
 

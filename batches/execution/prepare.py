@@ -25,11 +25,11 @@ from files.models import File
 from files.services import file_iter_lines, file_read_range
 from files.validation.sectioned import effective_body
 from inference.chat_completions import media_prompt, sampling_params
-from inference.engine.chat import PlaceholderMismatch, media_parts
 from inference.engine.types import ERROR_INTERNAL, GenerationRequest, MediaInput
 from inference.media_layout import MediaLayout
 from inference.models import ModelRevision
 from inference.prompt_bounds import bounded_prompt_ids, over_context
+from inference.rendering import PlaceholderMismatch, media_parts
 
 logger = logging.getLogger(__name__)
 

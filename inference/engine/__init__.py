@@ -2,7 +2,6 @@
 
 from typing import Any
 
-from .chat import render_prompt
 from .types import (
     NOT_READY,
     Choice,
@@ -12,8 +11,8 @@ from .types import (
     SamplingParams,
 )
 
-# The engine and the loader need torch; the request types and prompt rendering do not, and
-# the web tier (which must never import torch) uses those. So the heavy names load lazily.
+# The engine and the loader need torch; the request types do not, and the web tier (which
+# must never import torch) uses those. So the heavy names load lazily.
 _LAZY = {"Engine": ".engine", "ModelLoadError": ".loading", "load_model": ".loading"}
 
 
@@ -35,5 +34,4 @@ __all__ = [
     "ModelLoadError",
     "SamplingParams",
     "load_model",
-    "render_prompt",
 ]

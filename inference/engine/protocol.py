@@ -1,6 +1,7 @@
 """What every generation engine offers the worker: the in-process `Engine` (engine.py), the
 engine in a child process (`EngineProcess`, process.py), the containment wrapper
-(`Contained`, containment.py) and the scale benchmarks' `FakeEngine` (inference/fake_engine.py).
+(`Contained`, containment.py) and the scale benchmarks' `FakeEngine`
+(inference/demo/fake_engine.py).
 
 The worker's pipeline (batches/execution/) reads these and nothing else, so it never has to
 ask an engine what it is. No torch here: the web tier may import it.

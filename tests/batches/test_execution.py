@@ -435,8 +435,8 @@ def test_a_worker_claims_no_more_than_its_engine_and_queue_take(api: Api, catalo
     # Items claimed beyond what the engine has pulled wait in the worker, and a worker that
     # dies takes them with it until its leases are recovered: the prepare stage claims only
     # what the engine's queue has room for (before: one more whole group on top of it).
+    from inference.demo.fake_engine import FakeEngine
     from inference.engine.types import NOT_READY
-    from inference.fake_engine import FakeEngine
 
     settings.EXECUTION_CLAIM_GROUP = 4
     data = submit(api, rows(24, max_tokens=3), key="bounded-claims")

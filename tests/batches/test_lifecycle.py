@@ -18,7 +18,7 @@ from billing.pricing import TokenPrices, money_div, token_charge
 from billing.selectors import credit_for_org
 from boardwalk import clock
 from files.models import File
-from inference.engine.chat import render_prompt
+from inference.rendering import render_prompt
 from inference.runtime import tokenizer_for
 from tests.batches.conftest import finalize, rows, run_worker, submit
 from tests.conftest import PRICES, Api, Tenant, content_of, jsonl, parse_jsonl, request_line

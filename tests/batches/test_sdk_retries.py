@@ -19,7 +19,7 @@ from openai import OpenAI
 
 from batches.idempotency import request_hash
 from batches.models import Batch, IdempotencyRecord
-from inference.demo_model import demo_revision_fields
+from inference.demo.model import demo_revision_fields
 from inference.services import catalog_model_create, revision_create
 from tests.batches.test_create import _hold_key_in_another_thread
 from tests.conftest import Tenant, jsonl, make_tenant, request_line

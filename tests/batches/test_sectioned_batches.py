@@ -7,7 +7,7 @@ import pytest
 
 from batches.models import Batch, BatchItem
 from billing.pricing import TokenPrices, token_charge
-from inference.engine.chat import render_prompt
+from inference.rendering import render_prompt
 from inference.runtime import tokenizer_for
 from tests.batches.conftest import finalize, run_worker
 from tests.batches.test_create import create

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from inference.demo_model import CONTEXT_LENGTH, MARKER, build_demo_model, demo_revision_fields
+from inference.demo.model import CONTEXT_LENGTH, MARKER, build_demo_model, demo_revision_fields
 from inference.models import ModelRevision
 
 
@@ -99,7 +99,7 @@ def test_the_1b_size_has_the_shape_of_a_1b_llama() -> None:
     import torch
     from transformers import LlamaForCausalLM
 
-    from inference.demo_model import SIZES, llama_config
+    from inference.demo.model import SIZES, llama_config
 
     spec = SIZES["1b"]
     config = llama_config(spec, vocab_size=spec.vocab_size)

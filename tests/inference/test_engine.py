@@ -20,8 +20,8 @@ from inference.engine import (
     ModelLoadError,
     SamplingParams,
     load_model,
-    render_prompt,
 )
+from inference.rendering import render_prompt
 
 pytestmark = pytest.mark.model
 
@@ -674,7 +674,7 @@ def test_a_source_with_nothing_ready_lets_the_engine_step_what_it_holds(
 ) -> None:
     """NOT_READY: the engine steps its held request and asks again, so the first request
     finishes while the source still has nothing for it; then the source ends normally."""
-    from inference.fake_engine import FakeEngine
+    from inference.demo.fake_engine import FakeEngine
 
     engine = (
         Engine(model, tokenizer, context_length=2048, max_batch_size=4)

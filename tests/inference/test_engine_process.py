@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model, render_prompt
+from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
 from inference.engine.process import EngineProcess, EngineProcessError
+from inference.rendering import render_prompt
 
 pytestmark = pytest.mark.model
 

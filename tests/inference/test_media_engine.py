@@ -17,8 +17,8 @@ from transformers import AutoModelForMultimodalLM, AutoProcessor
 
 from boardwalk.errors import InvalidRequest
 from inference.chat_completions import media_prompt, prompt_ids
-from inference.demo_model import demo_revision_fields
-from inference.demo_multimodal import vision_revision_fields
+from inference.demo.model import demo_revision_fields
+from inference.demo.multimodal import vision_revision_fields
 from inference.engine.engine import Engine
 from inference.engine.loading import load_model, load_processor
 from inference.engine.types import GenerationRequest, MediaInput, SamplingParams

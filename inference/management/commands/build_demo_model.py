@@ -8,8 +8,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from inference.demo_model import SIZES, build_demo_model
-from inference.demo_multimodal import build_audio_model, build_vision_model
+from inference.demo.model import SIZES, build_demo_model
+from inference.demo.multimodal import build_audio_model, build_vision_model
 
 
 class Command(BaseCommand):

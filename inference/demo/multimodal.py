@@ -1,6 +1,6 @@
 """Tiny multimodal demo models: a LLaVA (images) and a Qwen2-Audio (audio), built offline.
 
-Like the text demo (demo_model.py): random weights from a fixed seed, the demo's BPE tokenizer
+Like the text demo (demo/model.py): random weights from a fixed seed, the demo's BPE tokenizer
 with the media placeholder added as one special token, and a real transformers processor
 (a PIL image processor, a Whisper feature extractor), so that media rows run end to end
 through the real processor and model in tests and in the embedded demo. Each builds in a
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from inference.demo_model import (
+from inference.demo.model import (
     CHAT_TEMPLATE,
     CONTEXT_LENGTH,
     END_OF_TEXT,
@@ -44,7 +44,7 @@ _SEED = 20261201
 
 # The text demo's ChatML template, with the placeholder where a media part stands, for the
 # tokenizer and the processor alike (one template: the web tier's token counts and the worker's
-# prompts agree). Boardwalk's own rendering (inference/engine/chat.py) hands the template
+# prompts agree). Boardwalk's own rendering (inference/rendering.py) hands the template
 # strings with the placeholder already in place.
 _TEXT_PART = "{%- if part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
 if _TEXT_PART not in CHAT_TEMPLATE:  # the text demo's template changed: update this one
