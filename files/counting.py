@@ -1,4 +1,4 @@
-"""Prompt tokens of an input file, counted at the upload (issue 6).
+"""Prompt tokens of an input file, counted at the upload.
 
 Tokenizing costs about half a second per MB. A small file (UPLOAD_COUNT_INLINE_BYTES, 256 KiB
 by default) is counted inside the upload's request (`file_count_on_upload`), so that a create

@@ -1,4 +1,4 @@
-"""Prompts longer than the context, found without tokenizing them (issue 29).
+"""Prompts longer than the context, found without tokenizing them.
 
 A prompt longer than its revision's context can only end as `context_length_exceeded`, yet
 tokenizing it cost about 100 times its size (the Rust tokenizer keeps an alignment per byte

@@ -88,8 +88,8 @@ SIZES: dict[str, DemoSize] = {
         num_key_value_heads=8,
     ),
     # The shape of Llama-3.2-1B (hidden 2048, 16 layers, grouped-query attention 32/8) with the
-    # demo vocabulary: ~0.98B parameters, stored in bf16 (~2 GB), for the GPU benchmarks
-    # (issue 8). Random weights built on the spot: nothing is downloaded.
+    # demo vocabulary: ~0.98B parameters, stored in bf16 (~2 GB), for the GPU benchmarks.
+    # Random weights built on the spot: nothing is downloaded.
     "1b": DemoSize(
         vocab_size=2000,
         hidden_size=2048,
