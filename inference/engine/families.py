@@ -5,8 +5,9 @@ One place for the rule, so a revision the engine would refuse is refused when it
 `internal_error`. Plain dictionaries in, a reason out: no torch, no transformers.
 
 The families are those the engine matches `model.generate` token for token on (prefix cache
-on and off, preemption, chunked prefill, n > 1). A family outside the list is refused with the
-list in the message; extending the list is a code change with its exactness test.
+on and off, preemption, chunked prefill, n > 1; tests/inference/test_engine_families.py). A
+family outside the list is refused with the list in the message; extending the list is a code
+change with its exactness test.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ TEXT_FAMILIES: dict[str, str] = {
     "opt": "OPT",
     "gptj": "GPT-J",
     "falcon": "Falcon",
+    "mixtral": "Mixtral",
+    "qwen3_moe": "Qwen3-MoE",
+    "gpt_oss": "GPT-OSS",
 }
+# Families whose positions are ALiBi biases: refused by name.
+ALIBI_FAMILIES: dict[str, str] = {"bloom": "BLOOM", "mpt": "MPT"}
 # Families with media encoders the engine drives (inference.media_layout).
 MEDIA_FAMILIES: dict[str, str] = {"llava": "LLaVA", "qwen2_audio": "Qwen2-Audio"}
 
@@ -63,30 +69,27 @@ def kv_heads_of(config: dict[str, Any]) -> int:
     return int(text.get("num_key_value_heads") or heads)
 
 
-def window_refusal(text: dict[str, Any], *, context_length: int) -> str | None:
-    """Why a language model config's sliding window keeps the engine from serving it."""
-    window = text.get("sliding_window")
-    if window and text.get("use_sliding_window", True) and window < context_length:
-        return (
-            f"the model attends through a sliding window of {window} tokens, shorter than the "
-            f"context length {context_length}: the engine does not support sliding windows "
-            f"yet; serve it with --context-length {window} or less"
-        )
+def engine_refusal(config: dict[str, Any]) -> str | None:
+    """Why the engine cannot run this model whatever its family's name (ALiBi positions: the
+    engine passes positions, not the 2-D padding mask ALiBi biases are built from)."""
+    model_type = str(config.get("model_type") or "")
+    if model_type in ALIBI_FAMILIES or text_config(config).get("alibi"):
+        name = ALIBI_FAMILIES.get(model_type) or TEXT_FAMILIES.get(model_type, model_type)
+        return f"{name} with ALiBi positions is not supported by the engine"
     return None
 
 
 def refusal(config: dict[str, Any], *, context_length: int) -> str | None:
-    """Why the engine cannot serve this model at `context_length`, or None."""
+    """Why the engine cannot serve this model at `context_length`, or None. Sliding windows
+    (Mistral, Qwen2, Gemma 2 and 3, GPT-OSS) are served at any context length."""
+    refused = engine_refusal(config)
+    if refused:
+        return refused
     model_type = str(config.get("model_type") or "")
-    if model_type in MEDIA_FAMILIES:
+    if model_type in MEDIA_FAMILIES or model_type in TEXT_FAMILIES:
         return None
-    if model_type not in TEXT_FAMILIES:
-        names = sorted({*TEXT_FAMILIES.values(), *MEDIA_FAMILIES.values()})
-        return (
-            f"the architecture {model_type or 'unknown'!r} is not one the engine serves "
-            f"(it serves {', '.join(names)})"
-        )
-    text = text_config(config)
-    if text.get("alibi"):
-        return f"{TEXT_FAMILIES[model_type]} with ALiBi positions is not supported by the engine"
-    return window_refusal(text, context_length=context_length)
+    names = sorted({*TEXT_FAMILIES.values(), *MEDIA_FAMILIES.values()})
+    return (
+        f"the architecture {model_type or 'unknown'!r} is not one the engine serves "
+        f"(it serves {', '.join(names)})"
+    )

@@ -133,13 +133,17 @@ def block_digest(parent: bytes, scope: str, tokens: list[int], media: bytes = b"
 class PagedCache(Cache):
     """What the model's attention layers see during one forward.
 
-    `write` (shaped like the forward's input ids) gives the slot of every new token, `read`
-    (`[rows, keys]`) the slots of the keys each row attends to, padded with 0; the engine
-    passes the matching 4-D mask.
+    `write` (shaped like the forward's input ids) gives the slot of every new token. With
+    `gather` (a model whose attention does not dispatch through transformers' interface),
+    `read` (`[rows, keys]`) gives the slots of the keys each row attends to, padded with 0,
+    gathered here for the model's own attention with the 4-D mask the runner passes; without
+    it the layer gets its new keys and values back and the paged attention (attention.py)
+    reads the pool itself.
     """
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, *, gather: bool) -> None:
         self.pool = pool
+        self.gather = gather
         self.write = torch.zeros((1, 1), dtype=torch.long)
         self.read = torch.zeros((1, 1), dtype=torch.long)
         super().__init__(layers=[_PagedLayer(self, i) for i in range(len(pool.keys))])
@@ -165,6 +169,8 @@ class _PagedLayer(DynamicLayer):
         slots = cache.write.reshape(-1)
         keys.index_copy_(0, slots, key_states.transpose(1, 2).reshape(-1, heads, dim))
         values.index_copy_(0, slots, value_states.transpose(1, 2).reshape(-1, heads, dim))
+        if not cache.gather:
+            return key_states, value_states
         # index_select is several times faster than advanced indexing here. The gathered
         # context is handed to attention as a strided view ([rows, heads, keys, dim] over a
         # [rows, keys, heads, dim] buffer): attention reads it as it is, and a contiguous copy

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
+from . import attention as paged
 from .allocator import keep_freed_memory
-from .families import window_refusal
+from .families import engine_refusal
 from .kv import BlockPool, PagedCache
 from .media import MediaEncoder
 from .sampling import sample
@@ -59,7 +60,7 @@ class ModelRunner:
         if attention not in _SUPPORTED_ATTENTION:
             raise ValueError(f"attention {attention!r} is not supported; load with sdpa or eager")
         text = config.get_text_config(decoder=True)
-        refused = window_refusal(text.to_dict(), context_length=context_length)
+        refused = engine_refusal(config.to_dict())
         if refused:
             raise ValueError(refused)
         keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
@@ -75,7 +76,16 @@ class ModelRunner:
         self._tokenizer_size = len(tokenizer)
 
         layers = text.num_hidden_layers
-        kv_heads, head_dim = _kv_shape(model, self.device, layers)
+        self._text_config = text
+        kv_heads, head_dim, self._paged = _probe(model, text, self.device)
+        window = getattr(text, "sliding_window", None) or 0
+        # Positions for the layers' windows are worked out only where a layer may have one.
+        self._windowed = 0 < window < context_length
+        if self._windowed and not self._paged:
+            raise ValueError(
+                "models with a sliding window whose attention does not go through "
+                "transformers' attention interface are not supported"
+            )
         element = torch.empty((), dtype=self._dtype).element_size()
         block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
         self._key_width = head_dim * kv_heads / text.num_attention_heads
@@ -94,7 +104,7 @@ class ModelRunner:
             dtype=self._dtype,
             device=self.device,
         )
-        self._cache = PagedCache(self.pool)
+        self._cache = PagedCache(self.pool, gather=not self._paged)
 
     def _default_kv_bytes(self, everything: int, layers: int) -> int:
         """`everything`: the bytes of every row at full context."""
@@ -166,6 +176,8 @@ class ModelRunner:
         table = _to(tables, device)
         lengths = _to(lengths_list, device)
         padded = max(takes_list) == 1 and _decode_padded(tables, lengths_list, bs, self._key_width)
+        q_pos: torch.Tensor | None = None
+        k_pos: torch.Tensor | None = None
         if padded:
             ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
             k = torch.arange(width * bs, device=device)
@@ -175,6 +187,8 @@ class ModelRunner:
             write = table.gather(1, positions // bs) * bs + positions % bs
             allowed = inside[:, None, None, :]
             keep: int | torch.Tensor = 1
+            if self._windowed:
+                q_pos, k_pos = positions[:, None, :, None], k[None, None, None, :]
         else:
             ids = _to(
                 [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
@@ -184,39 +198,59 @@ class ModelRunner:
             rows = torch.arange(len(work), device=device)
             q_row = rows.repeat_interleave(takes)
             q_first = torch.cumsum(takes, 0) - takes
-            q_pos = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
+            q_at = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
             k_row = rows.repeat_interleave(lengths)
             k_first = torch.cumsum(lengths, 0) - lengths
-            k_pos = torch.arange(len(k_row), device=device) - k_first[k_row]
-            slots = table[k_row, k_pos // bs] * bs + k_pos % bs
+            k_at = torch.arange(len(k_row), device=device) - k_first[k_row]
+            slots = table[k_row, k_at // bs] * bs + k_at % bs
             unique, column = torch.unique(slots, return_inverse=True)
             # Keys are already rotated (RoPE) in the cache, so their order in the product is
             # free.
-            pair = (q_row[:, None] == k_row[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+            pair = (q_row[:, None] == k_row[None, :]) & (k_at[None, :] <= q_at[:, None])
             union = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
             union.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
             read = unique[None]
-            write = (table[q_row, q_pos // bs] * bs + q_pos % bs)[None]
-            positions = q_pos[None]
+            write = (table[q_row, q_at // bs] * bs + q_at % bs)[None]
+            positions = q_at[None]
             allowed = union.bool()[None, None]
             keep = torch.cumsum(takes, 0) - 1
+            if self._windowed:
+                # A slot read by several sequences (a shared prefix) is at the same position in
+                # each of them: blocks are shared from the first block on.
+                at = torch.zeros(len(unique), dtype=k_at.dtype, device=device)
+                q_pos, k_pos = (
+                    q_at[None, None, :, None],
+                    at.scatter_(0, column, k_at)[None, None, None],
+                )
         embeds = self._media_embeddings(ids, work, packed=not padded)
-        mask: torch.Tensor = allowed
-        if self._attention == "eager":
-            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
-                ~allowed, torch.finfo(self._dtype).min
-            )
         tokens: dict[str, torch.Tensor] = (
             {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         )
-        out = self.model(
-            **tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=self._cache.point(write=write, read=read),
-            use_cache=True,
-            logits_to_keep=keep,
-        )
+        cache = self._cache.point(write=write, read=read)
+        if self._paged:
+            step = paged.StepAttention(self.pool, read, allowed, q_pos, k_pos)
+            with paged.implementation(self._text_config, paged.PAGED), paged.step(step):
+                out = self.model(
+                    **tokens,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=keep,
+                )
+        else:
+            mask: torch.Tensor = allowed
+            if self._attention == "eager":
+                mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
+                    ~allowed, torch.finfo(self._dtype).min
+                )
+            out = self.model(
+                **tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
         if isinstance(keep, int):
             logits = out.logits[:, -1]
         elif out.logits.shape[1] == keep.shape[0]:
@@ -284,27 +318,34 @@ class ModelRunner:
         return tokens
 
 
-def _kv_shape(model: Any, device: torch.device, layers: int) -> tuple[int, int]:
-    """(key/value heads, head dim) of what the model's attention hands its cache, read from a
-    one-token forward: the config does not say it alike in every family (Falcon's multi-query
-    attention caches one head and has no `num_key_value_heads`; with its new decoder
-    architecture it caches every query head whatever `num_kv_heads` says)."""
-    probe = DynamicCache()
-    with torch.inference_mode():
+def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, bool]:
+    """(key/value heads, head dim, whether the paged attention reaches every layer), read
+    from a one-token forward: the config does not say the shape alike in every family
+    (Falcon's multi-query attention caches one head and has no `num_key_value_heads`; with its
+    new decoder architecture it caches every query head whatever `num_kv_heads` says), nor
+    whether the family's attention dispatches through transformers' interface."""
+
+    def forward() -> DynamicCache:
+        cache = DynamicCache()
         model(
             input_ids=torch.zeros((1, 1), dtype=torch.long, device=device),
-            cache=probe,
+            cache=cache,
             use_cache=True,
         )
+        return cache
+
+    with torch.inference_mode():
+        cache, routed = paged.probe(model, text, forward)
+    layers = text.num_hidden_layers
     # A linear-attention layer (hybrid models) caches no keys.
-    cached = [k for k in (getattr(layer, "keys", None) for layer in probe.layers) if k is not None]
+    cached = [k for k in (getattr(layer, "keys", None) for layer in cache.layers) if k is not None]
     shapes = {(keys.shape[1], keys.shape[3]) for keys in cached}  # [1, heads, 1, head dim]
     if len(cached) != layers or len(shapes) != 1:
         raise ValueError(
             "models whose layers do not all cache keys and values of one shape are not supported"
         )
     kv_heads, head_dim = shapes.pop()
-    return int(kv_heads), int(head_dim)
+    return int(kv_heads), int(head_dim), routed
 
 
 def _decode_padded(

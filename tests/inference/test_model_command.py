@@ -113,10 +113,7 @@ def test_inspect_reports_quantization(broken):
         (lambda p: (p / "tokenizer.json").write_text("{not json"), "does not load offline"),
         (lambda p: (p / "tokenizer.json").unlink(), "tokenizer.json is missing"),
         (lambda p: (p / "config.json").unlink(), "config.json is missing"),
-        (
-            lambda p: _edit_json(p / "config.json", model_type="mistral", sliding_window=64),
-            "sliding window of 64 tokens",
-        ),
+        (lambda p: _edit_json(p / "config.json", model_type="bloom"), "BLOOM with ALiBi"),
         (
             lambda p: _edit_json(p / "config.json", model_type="falcon", alibi=True),
             "ALiBi",
