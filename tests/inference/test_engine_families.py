@@ -1,76 +1,186 @@
-"""Tiny random-weight models of families whose attention caches keys and values differently:
-the engine must generate token for token what `model.generate` gives one prompt at a time,
-with the prefix cache on and off, under forced preemption, with chunked prefill and n > 1."""
+"""The family matrix: a tiny random-weight model of every family the engine serves must
+generate token for token what `model.generate` gives one prompt at a time, with the prefix
+cache on and off, under forced preemption, with chunked prefill and with n > 1, and report
+log probabilities within 1e-4 of the reference logits' log-softmax.
+
+Families with sliding windows (Mistral, Qwen2, Gemma 2 and 3, GPT-OSS) get an 8-token window
+and prompts up to 43 tokens, so every prompt and every decoding step reaches past it; Gemma 2
+soft-caps its scores, GPT-OSS has attention sinks and experts, Mixtral and Qwen3-MoE experts,
+Falcon caches one K/V head (multi-query) or every query head (new decoder architecture).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from transformers import (
-    FalconConfig,
-    FalconForCausalLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+import transformers as tf
 
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
-from tests.inference.test_engine import reference
 
 pytestmark = pytest.mark.model
 
 CONTEXT = 256
+WINDOW = 8
+TOKENS = 20
 # Wide enough weights that greedy decoding does not settle on one token at once.
 INIT = {"initializer_range": 0.3, "attn_implementation": "sdpa"}
 SMALL = {"num_hidden_layers": 2, "num_attention_heads": 4}
+# The decoder families' common shape: grouped-query (2 K/V heads for 4 query heads).
+DECODER = {
+    **SMALL,
+    **INIT,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": CONTEXT,
+}
+# Gemma scales its embeddings up: with wide weights its greedy output repeats one token.
+GEMMA = {**DECODER, "initializer_range": 0.02, "sliding_window": WINDOW}
+ALTERNATING = ["sliding_attention", "full_attention"]
+EXPERTS = {"num_local_experts": 4, "num_experts_per_tok": 2}
 
 
-def _falcon(vocab: int, **options: Any) -> Any:
-    config = FalconConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        max_position_embeddings=CONTEXT,
-        alibi=False,
-        **SMALL,
-        **INIT,
-        **options,
+def _falcon(**options: Any) -> tf.PreTrainedConfig:
+    return tf.FalconConfig(
+        hidden_size=64, max_position_embeddings=CONTEXT, alibi=False, **SMALL, **INIT, **options
     )
-    return FalconForCausalLM(config)
 
 
-FAMILIES = {
-    # Multi-query: one cached K/V head, and no num_key_value_heads in the config.
-    "falcon-multi-query": lambda v: _falcon(v, multi_query=True, new_decoder_architecture=False),
-    "falcon-multi-head": lambda v: _falcon(v, multi_query=False, new_decoder_architecture=False),
-    # New decoder architecture: grouped K/V projected, but every query head cached.
-    "falcon-new-decoder": lambda v: _falcon(v, new_decoder_architecture=True, num_kv_heads=2),
-    "llama-grouped-query": lambda v: LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=v,
+Build = tuple[type, Callable[[], tf.PreTrainedConfig]]
+FAMILIES: dict[str, Build] = {
+    "llama-grouped-query": (tf.LlamaForCausalLM, lambda: tf.LlamaConfig(**DECODER)),
+    "mistral-window": (
+        tf.MistralForCausalLM,
+        lambda: tf.MistralConfig(**DECODER, sliding_window=WINDOW),
+    ),
+    # Qwen2's window on the layers from max_window_layers on: one full layer, one sliding.
+    "qwen2-window": (
+        tf.Qwen2ForCausalLM,
+        lambda: tf.Qwen2Config(
+            **DECODER, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+        ),
+    ),
+    "qwen3": (tf.Qwen3ForCausalLM, lambda: tf.Qwen3Config(**DECODER)),
+    "phi3": (
+        tf.Phi3ForCausalLM,
+        lambda: tf.Phi3Config(
+            **{k: v for k, v in DECODER.items() if k != "head_dim"}, pad_token_id=None
+        ),
+    ),
+    # Soft-capped scores (eager: SDPA cannot cap), alternating local and global layers.
+    "gemma2-softcap-window": (
+        tf.Gemma2ForCausalLM,
+        lambda: tf.Gemma2Config(**{**GEMMA, "attn_implementation": "eager"}),
+    ),
+    "gemma3-window": (
+        tf.Gemma3ForCausalLM,
+        lambda: tf.Gemma3TextConfig(**GEMMA, layer_types=ALTERNATING),
+    ),
+    # Sinks, experts, alternating 8-token windows (GPT-OSS's are 128).
+    "gpt-oss-sinks-window-experts": (
+        tf.GptOssForCausalLM,
+        lambda: tf.GptOssConfig(
+            **{**DECODER, "attn_implementation": "eager"},
+            sliding_window=WINDOW,
+            layer_types=ALTERNATING,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            **EXPERTS,
+        ),
+    ),
+    "mixtral-experts": (tf.MixtralForCausalLM, lambda: tf.MixtralConfig(**DECODER, **EXPERTS)),
+    "qwen3-moe-experts": (
+        tf.Qwen3MoeForCausalLM,
+        lambda: tf.Qwen3MoeConfig(
+            **DECODER, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+        ),
+    ),
+    "gpt2": (
+        tf.GPT2LMHeadModel,
+        lambda: tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT, **INIT),
+    ),
+    "gpt-neox": (
+        tf.GPTNeoXForCausalLM,
+        lambda: tf.GPTNeoXConfig(
+            hidden_size=64, intermediate_size=128, max_position_embeddings=CONTEXT, **SMALL, **INIT
+        ),
+    ),
+    "opt": (
+        tf.OPTForCausalLM,
+        lambda: tf.OPTConfig(
             hidden_size=64,
-            intermediate_size=128,
-            num_key_value_heads=2,
+            ffn_dim=128,
+            word_embed_proj_dim=64,
             max_position_embeddings=CONTEXT,
             **SMALL,
             **INIT,
-        )
+        ),
     ),
-    "gpt2": lambda v: GPT2LMHeadModel(
-        GPT2Config(vocab_size=v, n_embd=64, n_layer=2, n_head=4, n_positions=CONTEXT, **INIT)
+    "gptj": (
+        tf.GPTJForCausalLM,
+        lambda: tf.GPTJConfig(
+            n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=CONTEXT, **INIT
+        ),
+    ),
+    # Multi-query: one cached K/V head, and no num_key_value_heads in the config.
+    "falcon-multi-query": (
+        tf.FalconForCausalLM,
+        lambda: _falcon(multi_query=True, new_decoder_architecture=False),
+    ),
+    "falcon-multi-head": (
+        tf.FalconForCausalLM,
+        lambda: _falcon(multi_query=False, new_decoder_architecture=False),
+    ),
+    # New decoder architecture: grouped K/V projected, but every query head cached.
+    "falcon-new-decoder": (
+        tf.FalconForCausalLM,
+        lambda: _falcon(new_decoder_architecture=True, num_kv_heads=2),
     ),
 }
+WINDOWED = [name for name in FAMILIES if "window" in name]
 
 SETTINGS = {
     "prefix-cache": {"prefix_cache": True},
     "no-prefix-cache": {"prefix_cache": False},
-    # 24 blocks of 4 tokens: the three rows (up to 66 tokens each) cannot all be held at once.
+    # 24 blocks of 4 tokens: the three rows (up to 63 tokens each) cannot all be held at once.
     "preemption": {"max_num_blocks": 24},
     "chunked-prefill": {"max_step_tokens": 8},
 }
+
+
+class Family:
+    """A family's model and its reference: `model.generate`, one prompt at a time."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self._references: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
+
+    def reference(self, prompt: list[int], tokens: int = TOKENS) -> tuple[list[int], list[float]]:
+        """Greedy tokens (end of sequence suppressed) and each one's log-softmax."""
+        key = (*prompt, -tokens)
+        if key not in self._references:
+            out = self.model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            ids = out.sequences[0, len(prompt) :].tolist()
+            # The raw logits; end of sequence is banned, as the engine bans it (ignore_eos).
+            logprobs = []
+            for step, token in zip(out.logits, ids, strict=True):
+                row = step[0].float()
+                row[self.model.generation_config.eos_token_id] = float("-inf")
+                logprobs.append(float(torch.log_softmax(row, -1)[token]))
+            self._references[key] = (ids, logprobs)
+        return self._references[key]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +188,16 @@ def tokenizer(tiny_model_dir: Path) -> Any:
     return load_model(str(tiny_model_dir))[1]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request: pytest.FixtureRequest, tokenizer: Any) -> Any:
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest, tokenizer: Any) -> Family:
+    model_class, config = FAMILIES[request.param]
     torch.manual_seed(0)
-    model = FAMILIES[request.param](len(tokenizer)).eval()
+    built = config()
+    built.vocab_size = len(tokenizer)
+    model = model_class(built).eval()
     # The configs' default end-of-sequence ids (GPT-2's 50256) lie outside this vocabulary.
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+    return Family(model)
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -95,22 +208,23 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
-def test_each_family_generates_what_model_generate_gives(family, tokenizer, setting: str) -> None:
+def test_each_family_generates_what_model_generate_gives(
+    family: Family, tokenizer: Any, setting: str
+) -> None:
     prompts = _prompts(len(tokenizer))
-    tokens = 20
     engine = Engine(
-        family,
+        family.model,
         tokenizer,
         context_length=CONTEXT,
         max_batch_size=4,
         block_size=4,
         **SETTINGS[setting],
     )
-    params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=TOKENS, temperature=0.0, ignore_eos=True, logprobs=True)
     requests = [GenerationRequest(str(i), p, params) for i, p in enumerate(prompts)]
 
     if setting == "preemption":  # far more blocks than the memory holds at once
-        needed = sum(-(-(len(p) + tokens) // 4) for p in prompts)
+        needed = sum(-(-(len(p) + TOKENS) // 4) for p in prompts)
         assert needed > engine._blocks.num_blocks
 
     results = {r.id: r for r in engine.generate(requests)}
@@ -118,16 +232,42 @@ def test_each_family_generates_what_model_generate_gives(family, tokenizer, sett
     for i, p in enumerate(prompts):
         result = results[str(i)]
         assert result.error is None, result.error
-        assert result.choices[0].token_ids == reference(family, p, tokens), f"prompt {i}"
+        expected, logprobs = family.reference(p)
+        choice = result.choices[0]
+        assert choice.token_ids == expected, f"prompt {i}"
+        assert choice.logprobs is not None
+        got = [entry.logprob for entry in choice.logprobs]
+        assert got == pytest.approx(logprobs, abs=1e-4), f"prompt {i}"
 
 
-def test_each_familys_n_choices_share_one_prefill_and_match(family, tokenizer) -> None:
+def test_each_familys_n_choices_share_one_prefill_and_match(family: Family, tokenizer) -> None:
     prompt = _prompts(len(tokenizer))[1]
-    engine = Engine(family, tokenizer, context_length=CONTEXT, max_batch_size=4, block_size=4)
+    engine = Engine(family.model, tokenizer, context_length=CONTEXT, max_batch_size=4, block_size=4)
     params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, n=3)
 
     [result] = engine.generate([GenerationRequest("n", prompt, params)])
 
     assert result.error is None, result.error
-    expected = reference(family, prompt, 12)
+    expected, _ = family.reference(prompt, 12)
     assert [c.token_ids for c in result.choices] == [expected] * 3
+
+
+@pytest.mark.parametrize("name", WINDOWED)
+def test_the_windows_change_what_these_prompts_generate(name: str, tokenizer) -> None:
+    """Without this the matrix would not show that windows are honoured: with the window
+    opened to the whole context, the reference generates other tokens."""
+    model_class, config = FAMILIES[name]
+    outputs = []
+    for window in (WINDOW, CONTEXT):
+        torch.manual_seed(0)
+        built = config()
+        built.vocab_size, built.sliding_window = len(tokenizer), window
+        outputs.append(Family(model_class(built).eval()).reference(_prompts(len(tokenizer))[1]))
+    assert outputs[0][0] != outputs[1][0]
+
+
+def test_alibi_is_refused_when_the_engine_is_built_not_row_by_row(tokenizer) -> None:
+    built = _falcon()
+    built.vocab_size, built.alibi = len(tokenizer), True
+    with pytest.raises(ValueError, match="Falcon with ALiBi positions"):
+        Engine(tf.FalconForCausalLM(built).eval(), tokenizer, context_length=CONTEXT)
