@@ -21,6 +21,8 @@ from billing.models import UsageEvent, UsageRollup
 from boardwalk import clock
 
 Outcome = Literal["succeeded", "failed", "released"]
+# Which tier the usage belongs to: batch rows, or interactive requests (/v1/chat/completions).
+UsageClass = Literal["batch", "interactive"]
 # The summed columns of UsageRollup (the console reads the same list).
 ROLLUP_SUMS = (
     "input_tokens",
@@ -53,6 +55,7 @@ class UsageFacts:
     cached_tokens: int = 0
     completion_tokens: int = 0
     gpu_microseconds: int = 0
+    usage_class: UsageClass = "batch"
 
 
 def seconds_to_microseconds(seconds: float) -> int:
@@ -74,6 +77,7 @@ _EVENT_COLUMNS = (
     "deployment_id",
     "kind",
     "quantity",
+    "usage_class",
     "created_at",
 )
 _EVENTS_PER_STATEMENT = 500
@@ -101,6 +105,7 @@ def _event_rows(facts: Iterable[UsageFacts], at: Any) -> list[tuple[Any, ...]]:
                         f.deployment_id,
                         str(kind),
                         quantity,
+                        f.usage_class,
                         at,
                     )
                 )
@@ -128,7 +133,7 @@ def _events_insert(facts: Iterable[UsageFacts], now: dt.datetime) -> None:
             )
 
 
-RollupKey = tuple[dt.datetime, str, str, str]  # bucket, org, revision, deployment
+RollupKey = tuple[dt.datetime, str, str, str, str]  # bucket, org, revision, deployment, class
 
 
 def _rollup_add(rows: dict[RollupKey, dict[str, int]]) -> None:
@@ -141,18 +146,18 @@ def _rollup_add(rows: dict[RollupKey, dict[str, int]]) -> None:
     if not rows:
         return
     table = UsageRollup._meta.db_table
-    columns = ("bucket", "org_id", "revision_id", "deployment_id", *ROLLUP_SUMS)
+    columns = ("bucket", "org_id", "revision_id", "deployment_id", "usage_class", *ROLLUP_SUMS)
     adapt = connection.ops.adapt_datetimefield_value
     params: list[Any] = []
     for key in sorted(rows):
-        bucket, org_id, revision_id, deployment_id = key
-        params.extend([adapt(bucket), org_id, revision_id, deployment_id])
+        bucket, org_id, revision_id, deployment_id, usage_class = key
+        params.extend([adapt(bucket), org_id, revision_id, deployment_id, usage_class])
         params.extend(rows[key].get(name, 0) for name in ROLLUP_SUMS)
     one = "(" + ", ".join(["%s"] * len(columns)) + ")"
     sql = (
         f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608 (names are ours)
         + ", ".join([one] * len(rows))
-        + " ON CONFLICT (bucket, org_id, revision_id, deployment_id) DO UPDATE SET "
+        + " ON CONFLICT (bucket, org_id, revision_id, deployment_id, usage_class) DO UPDATE SET "
         + ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in ROLLUP_SUMS)
     )
     with connection.cursor() as cursor:
@@ -172,7 +177,7 @@ def usage_record(*, facts: list[UsageFacts]) -> None:
     bucket = hour_of(now)
     sums: dict[RollupKey, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in facts:
-        row = sums[(bucket, f.org_id, f.revision_id, f.deployment_id)]
+        row = sums[(bucket, f.org_id, f.revision_id, f.deployment_id, f.usage_class)]
         if f.outcome == "succeeded":
             row["input_tokens"] += f.prompt_tokens
             row["cached_tokens"] += f.cached_tokens
@@ -187,13 +192,18 @@ def usage_record(*, facts: list[UsageFacts]) -> None:
 
 
 def spend_record(
-    *, org_id: str, revision_id: str, deployment_id: str, amount_microusd: int, at: dt.datetime
+    *,
+    org_id: str,
+    revision_id: str,
+    deployment_id: str,
+    amount_microusd: int,
+    at: dt.datetime,
+    usage_class: UsageClass = "batch",
 ) -> None:
     """Add a settled charge to the rollup; the caller appended its ledger entry just now."""
     if amount_microusd > 0:
-        _rollup_add(
-            {(hour_of(at), org_id, revision_id, deployment_id): {"spend_microusd": amount_microusd}}
-        )
+        key = (hour_of(at), org_id, revision_id, deployment_id, usage_class)
+        _rollup_add({key: {"spend_microusd": amount_microusd}})
 
 
 def gpu_microseconds_by_item(*, batch_id: str) -> dict[int, int]:

@@ -60,6 +60,9 @@ class UsageEvent(models.Model):
     deployment_id = models.CharField(max_length=40, blank=True)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     quantity = models.BigIntegerField()
+    # "batch", or "interactive": then batch_id holds the request id (req_…) and item_id a
+    # negative number derived from it (batches.interactive.settle), never a BatchItem's id.
+    usage_class = models.CharField(max_length=12, default="batch")
     created_at = models.DateTimeField(default=clock.now, editable=False, db_index=True)
 
     class Meta:
@@ -86,6 +89,7 @@ class UsageRollup(models.Model):
     org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
     revision_id = models.CharField(max_length=40)
     deployment_id = models.CharField(max_length=40, blank=True)
+    usage_class = models.CharField(max_length=12, default="batch")  # "batch" | "interactive"
     input_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
@@ -97,7 +101,8 @@ class UsageRollup(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["bucket", "org", "revision_id", "deployment_id"], name="usage_rollup_key"
+                fields=["bucket", "org", "revision_id", "deployment_id", "usage_class"],
+                name="usage_rollup_class_key",
             ),
         ]
         indexes = [models.Index(fields=["revision_id", "bucket"], name="usage_rollup_revision")]

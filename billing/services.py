@@ -8,7 +8,7 @@ import secrets
 
 from django.db import IntegrityError, transaction
 
-from billing.metering import spend_record
+from billing.metering import UsageClass, spend_record
 from billing.models import LedgerEntry
 from boardwalk import clock
 from boardwalk.codes import ErrorCode
@@ -70,9 +70,16 @@ def credit_hold(*, org_id: str, batch_id: str, amount_microusd: int) -> None:
 
 
 def credit_settle(
-    *, org_id: str, batch_id: str, charge_microusd: int, revision_id: str, deployment_id: str = ""
+    *,
+    org_id: str,
+    batch_id: str,
+    charge_microusd: int,
+    revision_id: str,
+    deployment_id: str = "",
+    usage_class: UsageClass = "batch",
 ) -> None:
-    """Replace a batch's hold by its actual charge; safe to call any number of times.
+    """Replace a batch's (or an interactive request's) hold by its actual charge; safe to
+    call any number of times.
 
     The charge is added to the usage rollup (the dashboard's spend) only when its ledger
     entry is appended, in the same transaction: spend and ledger cannot disagree.
@@ -102,4 +109,5 @@ def credit_settle(
                 deployment_id=deployment_id,
                 amount_microusd=charge_microusd,
                 at=now,
+                usage_class=usage_class,
             )

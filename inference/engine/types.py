@@ -88,6 +88,10 @@ class GenerationRequest:
     # prompts through cache hits or timing.
     cache_scope: str = ""
     media: list[MediaInput] = field(default_factory=list)  # in prompt order, spans disjoint
+    # Higher runs first: interactive requests (1) are admitted ahead of batch rows (0).
+    priority: int = 0
+    # The caller relays tokens as they come: an engine that can may yield PartialResults.
+    stream: bool = False
 
 
 @dataclass
@@ -109,6 +113,16 @@ class Choice:
     text: str  # decoded, special tokens skipped, cut before the first stop string
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
+
+
+@dataclass
+class PartialResult:
+    """Text a streaming request's choice produced since its last partial (never final: its
+    GenerationResult still follows, with the whole text, usage and busy share)."""
+
+    id: str
+    index: int  # the choice
+    text: str  # the new text, already cut before any stop string
 
 
 @dataclass

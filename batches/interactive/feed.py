@@ -1,0 +1,221 @@
+"""The worker's side: interactive requests of one engine key, fed into the engine's source.
+
+A run of the execution pipeline (batches.execution.pipeline) starts one feed for its key. Its
+thread pops the key's request channel, renders and tokenizes each request with the engine's
+tokenizer, and hands it to the run to be pulled before any queued batch row; results (and
+partial text) go back on the request's reply channel, and are metered and settled here
+(batches.interactive.settle), so a web process that went away costs no money.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection
+
+from batches.interactive.config import setting
+from batches.interactive.messages import (
+    Submitted,
+    abort_flag,
+    encode_reply,
+    headroom_gauge,
+    reply_channel,
+    request_channel,
+)
+from batches.interactive.settle import interactive_settle
+from batches.liveness import worker_id
+from batches.queue import EngineKey
+from boardwalk.channels import channels
+from boardwalk.codes import ItemCode
+from inference.chat_completions import completion_body, sampling_params
+from inference.engine.types import GenerationRequest, GenerationResult, PartialResult
+from inference.prompt_bounds import bounded_prompt_ids
+
+logger = logging.getLogger(__name__)
+
+POP_SECONDS = 0.25  # the feed thread's longest wait on the channel (then headroom, aborts)
+HEADROOM_TTL_SECONDS = 2.0
+REPLY_TTL_SECONDS = 120.0
+INTERACTIVE_PRIORITY = 1
+
+
+def completion_id(request_id: str) -> str:
+    return "chatcmpl-" + request_id.removeprefix("req_")
+
+
+class InteractiveFeed:
+    """Interactive requests of `key` for one run; `put_first` queues one ahead of batch."""
+
+    def __init__(
+        self,
+        key: EngineKey,
+        *,
+        tokenizer: Any,
+        context_length: int,
+        max_rows: int,
+        engine_rows: Callable[[], int],
+        put_first: Callable[[GenerationRequest], None],
+    ) -> None:
+        self.key = key
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.max_rows = max_rows
+        self.engine_rows = engine_rows
+        self.put_first = put_first
+        self.channels = channels()
+        self.reporter = worker_id()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Submitted] = {}  # generation id → request
+        self._rows = 0  # rows (n per request) of the requests in flight
+        self._aborted: frozenset[str] = frozenset()
+        self._last = time.monotonic()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="interactive-feed", daemon=True)
+        self.taken = 0  # requests handed to the engine (tests, metrics)
+        self.aborted_ids: list[str] = []  # request ids whose result came back aborted
+
+    # -- the run's view ---------------------------------------------------------------------
+
+    def start(self) -> InteractiveFeed:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+        self.channels.gauge(headroom_gauge(self.key), self.reporter, 0, ttl=0.001)
+        with self._lock:
+            left = list(self._inflight.values())
+            self._inflight.clear()
+        for submitted in left:  # the run ended under them (engine broken, budget): say so
+            self._reply(submitted, "error", code=ItemCode.INTERNAL_ERROR)
+
+    def owns(self, generation_id: str) -> bool:
+        with self._lock:
+            return generation_id in self._inflight
+
+    def rows(self) -> int:
+        """Rows the engine carries for interactive requests (the batch claims leave them)."""
+        with self._lock:
+            return self._rows
+
+    def lingering(self) -> bool:
+        """Whether the run should stay up for interactive work: some in flight, or one came
+        within the linger time."""
+        with self._lock:
+            busy = bool(self._inflight)
+        return busy or time.monotonic() - self._last < setting("INTERACTIVE_LINGER_SECONDS")
+
+    def aborted(self) -> frozenset[str]:
+        """Generation ids whose client went away (refreshed by the feed's thread)."""
+        return self._aborted
+
+    def partial(self, partial: PartialResult) -> None:
+        with self._lock:
+            submitted = self._inflight.get(partial.id)
+        if submitted is not None and submitted.stream:
+            self._reply(submitted, "delta", index=partial.index, text=partial.text)
+
+    def finished(self, result: GenerationResult) -> None:
+        with self._lock:
+            submitted = self._inflight.pop(result.id, None)
+            if submitted is not None:
+                self._rows -= result.params.n if result.params is not None else 1
+        if submitted is None:
+            return
+        if result.aborted:
+            self.aborted_ids.append(submitted.id)
+        try:
+            interactive_settle(submitted, result, revision_id=self.key.revision_id)
+        except Exception as exc:
+            logger.error("interactive %s not settled: %s", submitted.id, type(exc).__name__)
+            connection.close()
+        if result.aborted:
+            self._reply(submitted, "aborted")
+        elif result.error:
+            self._reply(submitted, "error", code=result.error)
+        else:
+            body = completion_body(
+                result,
+                completion_id=completion_id(submitted.id),
+                model=submitted.body["model"],
+                model_config_id=self.key.revision_id,
+                created=int(time.time()),
+            )
+            self._reply(submitted, "result", body=body)
+
+    # -- the feed's thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        last_report = 0.0
+        try:
+            while not self._stopped.is_set():
+                if time.monotonic() - last_report >= HEADROOM_TTL_SECONDS / 4:
+                    last_report = time.monotonic()
+                    self._report()
+                raw = self.channels.pop(request_channel(self.key), timeout=POP_SECONDS)
+                if raw is not None:
+                    self._take(Submitted.decode(raw))
+        except Exception as exc:
+            logger.error("interactive feed of %s stopped: %s", self.key, type(exc).__name__)
+        finally:
+            connection.close()
+
+    def _report(self) -> None:
+        free = max(0, self.max_rows - self.engine_rows())
+        self.channels.gauge(headroom_gauge(self.key), self.reporter, free, ttl=HEADROOM_TTL_SECONDS)
+        with self._lock:
+            ids = {abort_flag(s.id): gid for gid, s in self._inflight.items()}
+        if ids:
+            self._aborted = frozenset(ids[k] for k in self.channels.flagged(list(ids)))
+
+    def _take(self, submitted: Submitted) -> None:
+        self._last = time.monotonic()
+        if submitted.deadline < time.time() or self.channels.flagged([abort_flag(submitted.id)]):
+            logger.info("interactive %s dropped: its client stopped waiting", submitted.id)
+            return
+        try:
+            ids = bounded_prompt_ids(
+                self.tokenizer, submitted.body, context_length=self.context_length
+            )
+            if ids is None:
+                self._reply(submitted, "error", code=ItemCode.CONTEXT_LENGTH_EXCEEDED)
+                return
+            request = GenerationRequest(
+                submitted.generation_id,
+                ids,
+                sampling_params(submitted.body),
+                cache_scope=_cache_scope(submitted),
+                priority=INTERACTIVE_PRIORITY,
+                stream=submitted.stream,
+            )
+        except Exception as exc:
+            # The type only: a message could quote the request's content.
+            logger.error("interactive %s not prepared: %s", submitted.id, type(exc).__name__)
+            self._reply(submitted, "error", code=ItemCode.INTERNAL_ERROR)
+            return
+        with self._lock:
+            self._inflight[request.id] = submitted
+            self._rows += request.params.n
+        self.taken += 1
+        self._reply(submitted, "taken")
+        self.put_first(request)
+
+    def _reply(self, submitted: Submitted, kind: str, **fields: Any) -> None:
+        try:
+            self.channels.push(
+                reply_channel(submitted.id), encode_reply(kind, **fields), ttl=REPLY_TTL_SECONDS
+            )
+        except Exception as exc:
+            logger.warning("reply to %s lost: %s", submitted.id, type(exc).__name__)
+
+
+def _cache_scope(submitted: Submitted) -> str:
+    """Prefix reuse stays within one organization (and deployment), as for batch rows."""
+    if submitted.deployment_id:
+        return f"{submitted.org_id}:{submitted.deployment_id}"
+    return submitted.org_id

@@ -1,0 +1,241 @@
+"""Accepting an interactive request: its rules, model, price, limits and credit hold.
+
+The body obeys exactly a batch row's rules (files.validation.rules, one rule list) but for
+the fields only an interactive request takes: `stream`, `stream_options` and `service_tier`.
+Media parts are refused for now (text only: the worker's interactive feed does not fetch or
+decode media). Nothing here reads or logs content beyond counting the prompt's tokens.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from batches.interactive.config import setting
+from batches.interactive.limits import Admission, admit
+from batches.interactive.messages import Submitted, headroom_gauge
+from batches.queue import EngineKey
+from billing.pricing import TokenPrices, gpu_charge, token_hold
+from billing.selectors import credit_for_org, revision_gpu_microseconds_per_token
+from billing.services import credit_hold, credit_settle
+from boardwalk.channels import channels
+from boardwalk.codes import ErrorCode
+from boardwalk.errors import (
+    CapacityExceeded,
+    InsufficientCredit,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+)
+from boardwalk.models import Organization
+from files.validation import rules
+from files.validation.report import ModelTarget
+from inference.chat_completions import max_output_tokens, prompt_ids
+from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
+from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
+
+SERVICE_TIERS = ("auto", "default", "flex")
+_INTERACTIVE_ONLY = ("stream", "stream_options", "service_tier")
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A request that passed every check, with its slot and hold taken."""
+
+    submitted: Submitted
+    key: EngineKey
+    admission: Admission
+    include_usage: bool
+    revision_id: str
+
+
+def _invalid(message: str, *, param: str | None = None, code: ErrorCode | None = None) -> Any:
+    return InvalidRequest(message, code=code or ErrorCode.INVALID_REQUEST, param=param)
+
+
+def _interactive_fields(body: dict[str, Any]) -> tuple[bool, bool, str]:
+    """stream, include_usage, service_tier; removed from `body`, which then is a row body."""
+    stream = body.pop("stream", None)
+    options = body.pop("stream_options", None)
+    tier = body.pop("service_tier", None)
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream must be true or false.", param="stream")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise _invalid(
+                "stream_options is only allowed with stream: true.", param="stream_options"
+            )
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise _invalid(
+                "stream_options takes only include_usage (true or false).", param="stream_options"
+            )
+        value = options.get("include_usage")
+        if value is not None and not isinstance(value, bool):
+            raise _invalid(
+                "stream_options.include_usage must be true or false.",
+                param="stream_options.include_usage",
+            )
+        include_usage = bool(value)
+    if tier is None:
+        tier = "auto"
+    if tier not in SERVICE_TIERS:
+        raise _invalid(
+            f"service_tier must be one of {', '.join(SERVICE_TIERS)}.", param="service_tier"
+        )
+    return bool(stream), include_usage, "default" if tier == "auto" else tier
+
+
+def _resolve(org: Organization, body: dict[str, Any]) -> ResolvedModel:
+    problems = rules.Problems()
+    name = rules.check_model(body, problems)
+    if name is None:
+        message = problems[0][2]
+        raise _invalid(
+            message[0].upper() + message[1:] + ".",
+            param="model",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER if "add" in message else None,
+        )
+    try:
+        return model_resolve(org=org, name=name)
+    except ModelNotUsable as exc:
+        raise NotFound(exc.message, code=ErrorCode(exc.code), param="model") from exc
+
+
+def _check_rules(body: dict[str, Any], target: ResolvedModel) -> tuple[int, int]:
+    problems = rules.Problems(keep=20)
+    counts = rules.check_body(
+        body,
+        ModelTarget(
+            name=target.name,
+            context_length=target.revision.context_length,
+            media=frozenset(),  # text only (see the module's doc)
+            tool_call_format=target.revision.tool_call_format,
+        ),
+        problems,
+    )
+    if problems.total or counts is None:
+        field, _, message = problems[0]
+        raise InvalidRequest(
+            f"{message[0].upper()}{message[1:]}.".replace("body.", ""),
+            code=ErrorCode.INVALID_REQUEST,
+            param=field.removeprefix("body."),
+            details=[
+                {"field": f.removeprefix("body."), "code": c, "message": m} for f, c, m in problems
+            ],
+        )
+    return counts
+
+
+def _prices(target: ResolvedModel, tier: str) -> list[int] | None:
+    catalog = target.catalog
+    if catalog is None:
+        return None
+    if tier == "flex":  # spare capacity, sold at the batch prices
+        return [catalog.price_input, catalog.price_cached_input, catalog.price_output]
+    return [
+        catalog.price_input_interactive,
+        catalog.price_cached_input_interactive,
+        catalog.price_output_interactive,
+    ]
+
+
+def _hold(target: ResolvedModel, prices: list[int] | None, *, prompt: int, most: int) -> int:
+    if prices is not None:
+        return token_hold(TokenPrices(*prices), prompt=prompt, max_output=most)
+    if target.deployment is None:
+        raise ValueError(f"model {target.name!r} is neither catalog nor deployment")
+    per_token = revision_gpu_microseconds_per_token(revision_id=target.revision.id)
+    if per_token is None:
+        per_token = settings.GPU_MICROSECONDS_PER_TOKEN_ESTIMATE
+    return gpu_charge(
+        microseconds=(prompt + most) * per_token,
+        price_per_second=target.deployment.gpu_second_price,
+    )
+
+
+def has_headroom(key: EngineKey) -> bool:
+    """Whether some worker serving `key` reported a free row within the last seconds."""
+    return channels().gauge_sum(headroom_gauge(key)) > 0
+
+
+def interactive_accept(*, org: Organization, data: Any) -> Accepted:
+    """Check the request and take its concurrency slot, token budget and credit hold."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
+    body = dict(data)
+    stream, include_usage, tier = _interactive_fields(body)
+    target = _resolve(org, body)
+    max_tokens, n = _check_rules(body, target)
+    try:
+        tokenizer = chat_tokenizer_for(target.revision)
+    except TokenizerUnavailable as exc:
+        raise ServiceUnavailable(
+            f"Model {target.name!r} is unavailable right now; retry later.",
+            code=ErrorCode.MODEL_UNAVAILABLE,
+        ) from exc
+    prompt = len(prompt_ids(tokenizer, body))
+    most = max_output_tokens(body) * n
+    if prompt + max_output_tokens(body) > target.revision.context_length:
+        raise _invalid(
+            f"The prompt ({prompt} tokens) plus max_completion_tokens ({max_tokens}) exceed the "
+            f"model's context of {target.revision.context_length} tokens; shorten either.",
+            param="messages",
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+        )
+    key = EngineKey(target.revision.id, target.deployment.id if target.deployment else "")
+    if tier == "flex" and not has_headroom(key):
+        raise CapacityExceeded(
+            f"No spare capacity for {target.name!r} right now (flex runs only on free rows); "
+            "retry shortly, or send service_tier 'default'.",
+            code=ErrorCode.RESOURCE_UNAVAILABLE,
+            retry_after=setting("INTERACTIVE_FLEX_RETRY_AFTER"),
+        )
+    admission = admit(org_id=org.id, tokens=prompt + most)
+    request_id = "req_" + secrets.token_hex(12)
+    prices = _prices(target, tier)
+    try:
+        hold = _hold(target, prices, prompt=prompt, most=most)
+        with transaction.atomic():
+            Organization.objects.select_for_update().get(pk=org.pk)
+            available = credit_for_org(org_id=org.id).available
+            if available < hold:
+                raise InsufficientCredit(
+                    f"This request may cost up to {hold} µUSD and your organization has "
+                    f"{available} µUSD of available credit."
+                )
+            if hold > 0:
+                credit_hold(org_id=org.id, batch_id=request_id, amount_microusd=hold)
+    except BaseException:
+        admission.release()
+        raise
+    submitted = Submitted(
+        id=request_id,
+        org_id=org.id,
+        deployment_id=key.deployment_id,
+        body=body,
+        stream=stream,
+        deadline=time.time() + setting("INTERACTIVE_QUEUE_SECONDS"),
+        prices=prices,
+        gpu_second_price=target.deployment.gpu_second_price if target.deployment else 0,
+        service_tier=tier,
+    )
+    return Accepted(submitted, key, admission, include_usage, target.revision.id)
+
+
+def interactive_abandon(accepted: Accepted) -> None:
+    """No worker ran it: give the hold back (a worker that took it after all settles it
+    under the same keys, so nothing is counted twice)."""
+    credit_settle(
+        org_id=accepted.submitted.org_id,
+        batch_id=accepted.submitted.id,
+        charge_microusd=0,
+        revision_id=accepted.revision_id,
+        deployment_id=accepted.key.deployment_id,
+        usage_class="interactive",
+    )

@@ -1,0 +1,118 @@
+"""`POST /v1/chat/completions`: thin; the rules are in service, the transport in relay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from batches.interactive import relay
+from batches.interactive.feed import completion_id
+from batches.interactive.service import Accepted, interactive_abandon, interactive_accept
+from batches.interactive.streaming import Chunks, event
+from boardwalk.auth import WRITE
+from boardwalk.codes import ErrorCode, ItemCode
+from boardwalk.errors import BoardwalkError, InvalidRequest, ServiceUnavailable
+
+
+class EngineFailed(BoardwalkError):
+    status = 500
+    code = ErrorCode.INTERNAL_ERROR
+
+
+def reply_error(code: str) -> BoardwalkError:
+    """A worker's error reply as the API's answer."""
+    if code == ItemCode.CONTEXT_LENGTH_EXCEEDED:
+        return InvalidRequest(
+            "The prompt plus max_completion_tokens exceed the model's context; shorten either.",
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            param="messages",
+        )
+    if code == ItemCode.INVALID_REQUEST:
+        return InvalidRequest("The engine refused this request as invalid.")
+    if code in ("timeout", "aborted"):
+        return ServiceUnavailable("The request did not finish in time; retry it.")
+    return EngineFailed("The engine failed on this request; retry it.")
+
+
+class ChatCompletionsView(APIView):
+    scopes = {"POST": WRITE}
+
+    def post(self, request: Any) -> Any:
+        accepted = interactive_accept(org=request.user.org, data=request.data)
+        try:
+            relay.dispatch(accepted)
+            try:
+                refused = relay.wait_taken(accepted)
+            except relay.NotTaken:
+                interactive_abandon(accepted)
+                raise ServiceUnavailable(
+                    "No worker could take this request in time; retry shortly.",
+                    code=ErrorCode.SERVICE_UNAVAILABLE,
+                ) from None
+            if refused is not None:
+                raise reply_error(refused.get("code", ""))
+        except BaseException:
+            accepted.admission.release()
+            raise
+        response: Any
+        if accepted.submitted.stream:
+            response = StreamingHttpResponse(
+                _stream(accepted), content_type="text/event-stream; charset=utf-8"
+            )
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"  # a proxy must not hold the events back
+        else:
+            try:
+                response = _complete(accepted)
+            finally:
+                accepted.admission.release()
+        for name, value in accepted.admission.headers.items():
+            response[name] = value
+        return response
+
+
+def _complete(accepted: Accepted) -> Response:
+    for message in relay.replies(accepted):
+        if message["kind"] == "result":
+            return Response({**message["body"], "service_tier": accepted.submitted.service_tier})
+        if message["kind"] == "error":
+            raise reply_error(message.get("code", ""))
+    raise EngineFailed("The request ended without a result.")
+
+
+def _stream(accepted: Accepted) -> Iterator[bytes]:
+    submitted = accepted.submitted
+    chunks = Chunks(
+        completion_id=completion_id(submitted.id),
+        model=submitted.body["model"],
+        created=int(time.time()),
+        fingerprint=accepted.revision_id,
+        tier=submitted.service_tier,
+        include_usage=accepted.include_usage,
+        n=int(submitted.body.get("n") or 1),
+        buffer_text=bool(submitted.body.get("tools")),
+    )
+    finished = False
+    try:
+        yield from chunks.opening()
+        for message in relay.replies(accepted):
+            kind = message["kind"]
+            if kind == "delta":
+                yield from chunks.partial(message["index"], message["text"])
+            elif kind == "result":
+                finished = True
+                yield from chunks.closing(message["body"])
+            elif kind == "error":
+                finished = True
+                error = reply_error(message.get("code", ""))
+                yield event(error.envelope())
+    finally:
+        # Closed before its end: the client went away, so the engine frees its rows.
+        if not finished:
+            relay.abort(accepted)
+        accepted.admission.release()

@@ -1,0 +1,214 @@
+"""The official OpenAI SDK drives POST /v1/chat/completions on the embedded default: the
+request runs on the in-process worker's engine, plain, streamed, structured and with tools."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+from openai import OpenAI
+
+from billing.models import LedgerEntry, UsageEvent
+from billing.selectors import credit_for_org
+from boardwalk.services import api_key_create
+from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
+from tests.conftest import Tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+INTERACTIVE_PRICES = (300_000, 150_000, 1_200_000)
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture(autouse=True)
+def _short_linger(settings):
+    # A run woken for interactive work ends soon after its last request, before teardown.
+    settings.INTERACTIVE_LINGER_SECONDS = 0.5
+
+
+@pytest.fixture
+def priced(catalog_model):
+    (
+        catalog_model.price_input_interactive,
+        catalog_model.price_cached_input_interactive,
+        catalog_model.price_output_interactive,
+    ) = INTERACTIVE_PRICES
+    catalog_model.save()
+    return catalog_model
+
+
+@pytest.fixture
+def client(live_server, tenant: Tenant) -> Iterator[OpenAI]:
+    sdk = OpenAI(
+        base_url=f"{live_server.url}/v1",
+        api_key=tenant.write_key,
+        _strict_response_validation=True,
+        http_client=httpx2.Client(),
+        max_retries=0,
+    )
+    yield sdk
+    sdk.close()
+
+
+def _charged(tenant: Tenant) -> int:
+    return sum(
+        e.amount_microusd
+        for e in LedgerEntry.objects.filter(org=tenant.org, kind=LedgerEntry.Kind.CHARGE)
+    )
+
+
+def test_plain_completion_is_answered_metered_and_charged(
+    client, priced, tenant, in_process_worker
+):
+    before = credit_for_org(org_id=tenant.org.id)
+    completion = client.chat.completions.create(
+        model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=8, seed=1
+    )
+    assert completion.object == "chat.completion"
+    assert completion.service_tier == "default"
+    assert completion.choices[0].message.role == "assistant"
+    usage = completion.usage
+    assert usage is not None and usage.prompt_tokens > 0 and 0 < usage.completion_tokens <= 8
+    events = {
+        e.kind: e.quantity
+        for e in UsageEvent.objects.filter(org=tenant.org, usage_class="interactive")
+    }
+    assert events["input_tokens"] == usage.prompt_tokens
+    assert events["output_tokens"] == usage.completion_tokens
+    expected = (
+        usage.prompt_tokens * INTERACTIVE_PRICES[0]
+        + usage.completion_tokens * INTERACTIVE_PRICES[2]
+        + 500_000
+    ) // 1_000_000
+    assert _charged(tenant) == expected
+    after = credit_for_org(org_id=tenant.org.id)
+    assert after.held == before.held  # the hold was released
+    assert after.balance == before.balance - expected
+
+
+def test_streamed_completion_matches_the_plain_one(client, priced, in_process_worker):
+    plain = client.chat.completions.create(
+        model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=8, temperature=0
+    )
+    stream = client.chat.completions.create(
+        model="boardwalk/tiny-chat",
+        messages=MESSAGES,
+        max_completion_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == plain.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_structured_output_and_tools(client, priced, in_process_worker):
+    answer = client.chat.completions.create(
+        model="boardwalk/tiny-chat",
+        messages=MESSAGES,
+        max_completion_tokens=40,
+        response_format=ANSWER_FORMAT,
+        seed=1,
+    )
+    assert json.loads(answer.choices[0].message.content or "") in (
+        {"label": "yes"},
+        {"label": "no"},
+    )
+    called = client.chat.completions.create(
+        model="boardwalk/tiny-chat",
+        messages=MESSAGES,
+        max_completion_tokens=60,
+        tools=[LOOKUP_TOOL],
+        tool_choice="required",
+        seed=3,
+    )
+    choice = called.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "lookup" and set(json.loads(call.function.arguments)) == {"id"}
+    streamed = client.chat.completions.create(
+        model="boardwalk/tiny-chat",
+        messages=MESSAGES,
+        max_completion_tokens=60,
+        tools=[LOOKUP_TOOL],
+        tool_choice="required",
+        seed=3,
+        stream=True,
+    )
+    calls = [tc for c in streamed if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [tc.function.name for tc in calls] == ["lookup"]
+
+
+def test_errors_map_to_sdk_exceptions_and_charge_nothing(client, priced, tenant, live_server):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(
+            model="no-such-model", messages=MESSAGES, max_completion_tokens=8
+        )
+    assert missing.value.status_code == 404 and missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(
+            model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=8, temperature=9
+        )
+    assert bad.value.status_code == 400 and bad.value.code == "invalid_request"
+    assert bad.value.param == "temperature"
+    reader = api_key_create(org=tenant.org, scopes="requests:read").secret
+    with (
+        OpenAI(base_url=f"{live_server.url}/v1", api_key=reader, max_retries=0) as stranger,
+        pytest.raises(openai.PermissionDeniedError) as denied,
+    ):
+        stranger.chat.completions.create(
+            model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=8
+        )
+    assert denied.value.status_code == 403 and denied.value.code == "insufficient_scope"
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
+    assert not UsageEvent.objects.filter(org=tenant.org).exists()
+
+
+def test_flex_without_headroom_is_429_after_the_sdk_retries(live_server, tenant, priced):
+    # No worker serves the model, so no row is free: flex answers 429 with Retry-After.
+    attempts = []
+
+    def count(request):
+        attempts.append(request)
+
+    with (
+        OpenAI(
+            base_url=f"{live_server.url}/v1",
+            api_key=tenant.write_key,
+            max_retries=1,
+            http_client=httpx2.Client(event_hooks={"request": [count]}),
+        ) as sdk,
+        pytest.raises(openai.RateLimitError) as limited,
+    ):
+        sdk.chat.completions.create(
+            model="boardwalk/tiny-chat",
+            messages=MESSAGES,
+            max_completion_tokens=8,
+            service_tier="flex",
+        )
+    assert limited.value.status_code == 429 and limited.value.code == "resource_unavailable"
+    assert limited.value.response.headers["retry-after"]
+    assert len(attempts) == 2  # the SDK retried once, as Retry-After told it
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
+
+
+def test_concurrency_limit_is_429_with_ratelimit_headers(client, priced, tenant, settings):
+    settings.INTERACTIVE_MAX_CONCURRENT = 0
+    with pytest.raises(openai.RateLimitError) as limited:
+        client.chat.completions.create(
+            model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=8
+        )
+    assert limited.value.code == "rate_limit_exceeded"
+    headers = limited.value.response.headers
+    assert headers["x-ratelimit-limit-requests"] == "0"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert "x-ratelimit-remaining-tokens" in headers
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
