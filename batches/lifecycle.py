@@ -16,14 +16,14 @@ import orjson
 from django.db import transaction
 from django.db.models import Q
 
-from batches.items import (
+from batches.models import Batch, BatchItem
+from batches.queue import (
     batch_end_open_items,
     batch_has_open_items,
     batch_live_leases,
     batch_revoke_leases,
     items_set_charges,
 )
-from batches.models import Batch, BatchItem
 from batches.retention import item_results_drop
 from billing.metering import gpu_microseconds_by_item
 from billing.pricing import TokenPrices, gpu_charge, token_charge
@@ -79,7 +79,9 @@ def batch_mark_complete_if_done(*, batch_id: str) -> bool:
     if batch_has_open_items(batch_id=batch_id):
         return False
     return bool(
-        Batch.objects.filter(id=batch_id, status=Batch.Status.IN_PROGRESS, outcome="").update(
+        Batch.objects.running()
+        .filter(id=batch_id)
+        .update(
             status=Batch.Status.FINALIZING,
             outcome=Batch.Status.COMPLETED,
             finalizing_at=clock.now(),
@@ -89,9 +91,7 @@ def batch_mark_complete_if_done(*, batch_id: str) -> bool:
 
 def batch_expire(*, batch: Batch) -> bool:
     """Claim the expiry of a batch past expires_at; its items stop and it ends `expired`."""
-    moved = Batch.objects.filter(
-        id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
-    ).update(outcome=Batch.Status.EXPIRED)
+    moved = Batch.objects.overdue().filter(id=batch.id).update(outcome=Batch.Status.EXPIRED)
     if moved:
         batch_revoke_leases(batch_id=batch.id)
         logger.info("batch expiring id=%s", batch.id)
@@ -99,12 +99,16 @@ def batch_expire(*, batch: Batch) -> bool:
 
 
 def batch_fail(*, batch: Batch, code: str, message: str) -> bool:
-    moved = Batch.objects.filter(id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="").update(
-        outcome=Batch.Status.FAILED,
-        errors={
-            "object": "list",
-            "data": [{"code": code, "message": message, "param": None, "line": None}],
-        },
+    moved = (
+        Batch.objects.running()
+        .filter(id=batch.id)
+        .update(
+            outcome=Batch.Status.FAILED,
+            errors={
+                "object": "list",
+                "data": [{"code": code, "message": message, "param": None, "line": None}],
+            },
+        )
     )
     if moved:
         batch_revoke_leases(batch_id=batch.id)

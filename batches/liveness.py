@@ -4,8 +4,9 @@ Item leases stay long (a slow step or a busy database must not make them fragile
 `kill -9`'d worker's items come back within seconds: every live process stamps its row each
 BOARDWALK_WORKER_HEARTBEAT_SECONDS, and whichever process notices a row older than
 BOARDWALK_WORKER_DEAD_AFTER_SECONDS frees that process's leases (`lease_owner` starts with
-the process id) and deletes the row. A process that was only paused comes back to find its
-leases re-issued under new tokens: the fence refuses its results.
+the process id) and deletes the row (`batches.queue.recover.dead_workers_recover`). A
+process that was only paused comes back to find its leases re-issued under new tokens: the
+fence refuses its results.
 
 On PostgreSQL a process also holds a session advisory lock keyed by its id on its liveness
 connection. A `kill -9` ends that session, so the lock comes free at once, and another process
@@ -17,7 +18,6 @@ that grace runs out, so it is not mistaken for dead.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 import os
@@ -29,10 +29,8 @@ import time
 from collections import deque
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db import connection
 
-from batches.items import EngineKey, keys_with_claimable_items, leases_recover
 from batches.models import WorkerProcess
 from boardwalk import clock
 
@@ -134,54 +132,3 @@ def worker_beat(*, process: str, session_lock: bool = False) -> None:
 def worker_leave(*, process: str) -> None:
     """A clean stop: the row goes, the process's leases were handed back already."""
     WorkerProcess.objects.filter(id=process).delete()
-
-
-def dead_workers_recover(*, me: str | None = None) -> set[EngineKey]:
-    """Free the leases of worker processes that died; returns engine keys to wake.
-
-    Dead: silent for WORKER_DEAD_AFTER_SECONDS, or (PostgreSQL) a row that says it holds its
-    session lock while the lock is free — the process's session ended. `me` is the caller's
-    own process, never judged (its own lock is re-entrant for its session). The dead rows are
-    locked (SKIP LOCKED) while their leases are freed, so when several processes notice the
-    same death only one of them does the work.
-    """
-    cutoff = clock.now() - dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
-    with transaction.atomic():
-        rows = WorkerProcess.objects.select_for_update(skip_locked=True)
-        dead = list(rows.filter(seen_at__lt=cutoff).values_list("id", flat=True))
-        if settings.IS_POSTGRES:
-            # A live process whose session was cut (a restarted database, a killed backend)
-            # takes its lock again within two beats; judge only rows older than that.
-            grace = clock.now() - dt.timedelta(seconds=2.5 * settings.WORKER_HEARTBEAT_SECONDS)
-            dead += _sessions_ended(
-                rows.filter(session_lock=True, seen_at__gte=cutoff, seen_at__lt=grace).exclude(
-                    id=me
-                )
-            )
-        if not dead:
-            return set()
-        requeued, failed = leases_recover(dead_processes=dead, expired=False)
-        WorkerProcess.objects.filter(id__in=dead).delete()
-    logger.warning(
-        "worker(s) dead (silent for %ss or session ended): %s; requeued=%s failed=%s",
-        settings.WORKER_DEAD_AFTER_SECONDS,
-        len(dead),
-        requeued,
-        failed,
-    )
-    return keys_with_claimable_items() if requeued else set()
-
-
-def _sessions_ended(rows: QuerySet[WorkerProcess]) -> list[str]:
-    """The processes among `rows` whose advisory lock is free: their session is gone. The
-    probe takes each free lock for this transaction only (released at commit)."""
-    ids = list(rows.values_list("id", flat=True))
-    if not ids:
-        return []
-    keys = {lock_key(i): i for i in ids}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT k FROM unnest(%s::bigint[]) AS k WHERE pg_try_advisory_xact_lock(k)",
-            [list(keys)],
-        )
-        return [keys[k] for (k,) in cursor.fetchall()]

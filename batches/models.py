@@ -3,7 +3,10 @@ results are stored encrypted under the batch's own data key."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import models
+from django.db.models import Q
 
 from boardwalk import clock
 from boardwalk.ids import new_id
@@ -22,6 +25,26 @@ def _request_id() -> str:
 
 def _row_id() -> str:
     return new_id("batch_req_")
+
+
+def _running(prefix: str = "") -> Q:
+    """A batch still running: in progress, and no stop (cancel, expiry, failure) chosen yet.
+    `prefix` reaches it through a relation (`batch__`)."""
+    return Q(**{f"{prefix}status": Batch.Status.IN_PROGRESS, f"{prefix}outcome": ""})
+
+
+class BatchQuerySet(models.QuerySet["Batch"]):
+    def running(self) -> BatchQuerySet:
+        """Batches whose items still run: the only ones a claim takes work from."""
+        return self.filter(_running())
+
+    def overdue(self) -> BatchQuerySet:
+        """Running batches past their expiry: the sweep expires them."""
+        return self.running().filter(expires_at__lte=clock.now())
+
+    def stopping(self) -> BatchQuerySet:
+        """Batches whose running items must stop: no longer running, or past expiry."""
+        return self.exclude(_running(), expires_at__gt=clock.now())
 
 
 class Batch(models.Model):
@@ -90,6 +113,8 @@ class Batch(models.Model):
     failed_at = models.DateTimeField(null=True, blank=True)
     expired_at = models.DateTimeField(null=True, blank=True)
 
+    objects = BatchQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at", "-id"]
         verbose_name_plural = "batches"
@@ -121,7 +146,16 @@ class BatchItemQuerySet(models.QuerySet["BatchItem"]):
         `failed` when it is published; every count of queued work (capacity, metrics, the
         dashboard, the sweeper) reads this, never the bare item states.
         """
-        return self.open().filter(batch__status=Batch.Status.IN_PROGRESS, batch__outcome="")
+        return self.open().filter(_running("batch__"))
+
+    def running(self) -> BatchItemQuerySet:
+        """Items under a lease (live or expired)."""
+        return self.filter(state=BatchItem.State.RUNNING)
+
+    def claimable(self, now: dt.datetime) -> BatchItemQuerySet:
+        """Pending items of running batches within their deadline: what a claim may lease.
+        The claim's own SQL (batches.queue.claim) spells the same conditions."""
+        return self.filter(_running("batch__"), state=BatchItem.State.PENDING, deadline__gt=now)
 
 
 class BatchItem(models.Model):

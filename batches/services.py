@@ -11,8 +11,8 @@ from django.db import IntegrityError, transaction
 
 from batches import idempotency
 from batches.batchrouter import assignment_check_target
-from batches.items import items_insert
 from batches.models import Batch, BatchItem
+from batches.queue import items_insert
 from batches.requests import BatchSubmission
 from batches.tasks import engine_wake, finalize
 from billing.pricing import TokenPrices, gpu_charge, token_hold
@@ -383,8 +383,10 @@ def batch_estimate(*, org: Organization, submission: BatchSubmission) -> dict:
 def batch_cancel(*, batch: Batch) -> Batch:
     """in_progress → cancelling; repeating it is harmless; terminal batches refuse (409)."""
     now = clock.now()
-    moved = Batch.objects.filter(id=batch.id, status=Batch.Status.IN_PROGRESS, outcome="").update(
-        status=Batch.Status.CANCELLING, outcome=Batch.Status.CANCELLED, cancelling_at=now
+    moved = (
+        Batch.objects.running()
+        .filter(id=batch.id)
+        .update(status=Batch.Status.CANCELLING, outcome=Batch.Status.CANCELLED, cancelling_at=now)
     )
     batch.refresh_from_db()
     if moved:

@@ -12,15 +12,14 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from batches.items import EngineKey, keys_with_claimable_items, leases_recover
 from batches.lifecycle import (
     batch_expire,
     batch_mark_complete_if_done,
     batches_needing_finalization,
 )
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, keys_with_claimable_items, leases_recover
 from batches.retention import RetentionReport, retention_sweep
-from boardwalk import clock
 from boardwalk.metrics import counter_inc
 
 logger = logging.getLogger(__name__)
@@ -54,15 +53,13 @@ def sweep_work(*, only: Collection[str] = SWEEP_KINDS) -> SweepReport:
         counter_inc("boardwalk_lease_recoveries_total", {"outcome": "requeued"}, by=report.requeued)
         counter_inc("boardwalk_lease_recoveries_total", {"outcome": "failed"}, by=report.failed)
     if EXPIRY in only:
-        for batch in Batch.objects.filter(
-            status=Batch.Status.IN_PROGRESS, outcome="", expires_at__lte=clock.now()
-        ):
+        for batch in Batch.objects.overdue():
             if batch_expire(batch=batch):
                 report.expired.append(batch.id)
     if FINALIZE in only:
         # Batches whose last item finished while their finalize message was lost.
         idle = (
-            Batch.objects.filter(status=Batch.Status.IN_PROGRESS, outcome="")
+            Batch.objects.running()
             .exclude(items__state__in=BatchItem.OPEN)
             .values_list("id", flat=True)
         )

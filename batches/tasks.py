@@ -10,8 +10,8 @@ import logging
 
 import dramatiq
 
-from batches.items import EngineKey, key_has_claimable_items, keys_with_claimable_items
 from batches.lifecycle import NotReady, batch_finalize
+from batches.queue import EngineKey, keys_with_claimable_items
 from batches.sweeps import sweep_work
 from webhooks.delivery import deliveries_due
 from webhooks.tasks import webhook_deliver
@@ -37,32 +37,15 @@ FINALIZE_RETRY_MS = 2_000  # a batch not ready yet (its stopping workers still l
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     # Imported here on purpose: the web process declares this actor only to send it, and must
     # never load the engine (torch); only worker processes run it.
-    from batches.execution import serve_key
-    from batches.execution.finalizer import Finalizer
+    from batches.execution import serve_wake
 
-    key = EngineKey(revision_id, deployment_id)
-    # Most wake-ups find their work taken: a run sends one per full claim group so that idle
-    # workers join in, and the run itself claims the rest. Such a wake-up costs this one
-    # existence query, not a finalizer thread and a second query after it.
-    if not key_has_claimable_items(key):
-        return
-    # Each batch is finalized here as soon as its last result is recorded, not after a trip
-    # through the broker (batches.execution.finalizer); only what cannot finish here is sent.
-    finalizer = Finalizer(not_ready=_finalize_later, failed=_finalize_now)
-    try:
-        done = serve_key(
-            key,
-            budget_seconds=ENGINE_BUDGET_SECONDS,
-            threaded=True,
-            on_batch_done=finalizer.submit,
-            on_more_work=lambda: _wake_another(revision_id, deployment_id),
-        )
-        for batch_id in sorted(done):
-            finalizer.submit(batch_id)
-    finally:
-        finalizer.close()
-    if key_has_claimable_items(key):
-        engine_wake.send(revision_id, deployment_id)  # budget spent: continue in a new message
+    serve_wake(
+        EngineKey(revision_id, deployment_id),
+        budget_seconds=ENGINE_BUDGET_SECONDS,
+        wake=lambda: _wake_another(revision_id, deployment_id),
+        finalize=_finalize_now,
+        finalize_later=_finalize_later,
+    )
 
 
 def join_waiting_work() -> set[EngineKey]:

@@ -182,8 +182,8 @@ class Server:
     def run(self, batch_id: str) -> list[str]:
         """The worker's run for the batch's key; the error codes of its items."""
         from batches.execution import serve_key
-        from batches.items import EngineKey
         from batches.models import Batch, BatchItem
+        from batches.queue import EngineKey
 
         batch = Batch.objects.get(id=batch_id)
         _reset_peak()

@@ -15,13 +15,8 @@ import dramatiq
 from django.conf import settings
 from django.db import connection
 
-from batches.liveness import (
-    dead_workers_recover,
-    process_id,
-    session_lock_hold,
-    worker_beat,
-    worker_leave,
-)
+from batches.liveness import process_id, session_lock_hold, worker_beat, worker_leave
+from batches.queue import dead_workers_recover
 from batches.tasks import engine_wake, join_waiting_work, sweep
 from boardwalk.broker import setup_broker
 from files.tasks import file_count_tokens

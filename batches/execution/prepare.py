@@ -1,10 +1,10 @@
-"""The prepare stage: claim items in groups, read their lines, render and tokenize.
+"""The prepare stage: read the lines of the items a run claimed, render and tokenize.
 
 Runs ahead of the engine so that the engine never waits on the database, the store or the
-tokenizer while work is queued. Lines are read through one open decrypting stream per batch
-file, in file order, so each chunk is decrypted once. On a revision with media, the group's
-image URLs are fetched and every part decoded in parallel (batches/execution/media.py) before
-the rows are laid out with their placeholders.
+tokenizer while work is queued (the run claims each group from batches.queue). Lines are read
+through one open decrypting stream per batch file, in file order, so each chunk is decrypted
+once. On a revision with media, the group's image URLs are fetched and every part decoded in
+parallel (batches/execution/media.py) before the rows are laid out with their placeholders.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Any
 import orjson
 
 from batches.execution.media import DecodedMedia, MediaError, MediaResolver
-from batches.items import EngineKey, items_claim_group
-from batches.models import Batch, BatchItem
+from batches.models import BatchItem
 from boardwalk.codes import ItemCode
 from files.models import File
 from files.services import file_iter_lines, file_read_range
@@ -95,44 +94,27 @@ class _LineReader:
 
 
 class Prepare:
-    """Claims and prepares groups of items for one engine key."""
+    """Prepares the claimed groups of items of one revision for its engine."""
 
     def __init__(
-        self,
-        *,
-        key: EngineKey,
-        owner: str,
-        tokenizer: Any,
-        group_size: int,
-        media_layout: MediaLayout | None = None,
+        self, *, revision_id: str, tokenizer: Any, media_layout: MediaLayout | None = None
     ) -> None:
-        self.key = key
-        self.owner = owner
+        self.revision_id = revision_id
         self.tokenizer = tokenizer
-        self.group_size = group_size
         self.layout = media_layout  # None: a text-only engine
         self._media = MediaResolver(media_layout) if media_layout is not None else None
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
         self._sections: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
-        self._batches: dict[str, Batch] = {}  # this run's claimed items' batches
 
-    def claim(self, limit: int | None = None) -> tuple[list[BatchItem], set[str]]:
-        """Lease one group, in file order within each batch (the streams read forward only).
-        Returns the items (empty: nothing left to claim) and the batches of items the claim
-        ended out of attempts."""
-        size = self.group_size if limit is None else min(limit, self.group_size)
-        claim = items_claim_group(
-            key=self.key, worker_id=self.owner, limit=size, batches=self._batches
-        )
-        return sorted(claim.items, key=lambda i: (i.batch_id, i.index)), claim.ended_batch_ids
-
-    def prepared(self, items: list[BatchItem]) -> Iterator[Work | Unpreparable]:
-        """The claimed items, each ready for the engine or unpreparable, in their order.
+    def prepared(self, claimed: list[BatchItem]) -> Iterator[Work | Unpreparable]:
+        """A claimed group, each item ready for the engine or unpreparable, in file order
+        within each batch (the streams read forward only).
 
         Text items one at a time, so the first reaches the engine while the rest of its group
         is still read and tokenized (at a run's start the engine waited for a whole group);
         media items as a group, whose fetches and decodes run in parallel.
         """
+        items = sorted(claimed, key=lambda i: (i.batch_id, i.index))
         if self._media is None:
             for item in items:
                 body = self._read(item)
@@ -212,7 +194,7 @@ class Prepare:
 
     def _context_length(self) -> int:
         """The context of this key's revision (revisions are immutable: read once a process)."""
-        revision_id = self.key.revision_id
+        revision_id = self.revision_id
         context = _contexts.get(revision_id)
         if context is None:
             context = _contexts[revision_id] = ModelRevision.objects.values_list(

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 
 import orjson
 
-from batches.items import ItemOutcome, batches_without_open_items, item_release, items_record
 from batches.liveness import items_recorded_add
 from batches.models import Batch, BatchItem
-from billing.metering import UsageFacts, seconds_to_microseconds, usage_record
+from batches.queue import (
+    ItemOutcome,
+    batches_without_open_items,
+    item_release,
+    items_meter,
+    items_record,
+)
 from boardwalk import clock
 from boardwalk.codes import ItemCode
 from boardwalk.ids import derived_id
@@ -38,15 +43,6 @@ class Finished:
     error_code: str = ItemCode.INTERNAL_ERROR
 
 
-def usage_recorded(facts: list[UsageFacts]) -> None:
-    """Called inside the record transaction with the rows it just wrote under their fence.
-
-    THE place for per-item metering: the events and the rollup (billing.metering) commit or
-    roll back with the results themselves, so usage is recorded exactly once per written row.
-    """
-    usage_record(facts=facts)
-
-
 class Record:
     def __init__(self, *, owner: str, on_batch_done: Callable[[str], None] | None = None) -> None:
         self.owner = owner
@@ -63,7 +59,7 @@ class Record:
                 released.append((f.item, f.result.busy_seconds))
             else:
                 outcomes.append(self._outcome(f))
-        written = items_record(outcomes=outcomes, worker_id=self.owner, in_transaction=_meter)
+        written = items_record(outcomes=outcomes, worker_id=self.owner, in_transaction=items_meter)
         items_recorded_add(sum(written))
         for item, busy_seconds in released:
             item_release(item=item, worker_id=self.owner, gpu_seconds=busy_seconds)
@@ -111,27 +107,6 @@ class Record:
         if batch.pk not in self._keys:
             self._keys[batch.pk] = Keyring.current().unwrap(batch.key_id, batch.wrapped_key)
         return self._keys[batch.pk]
-
-
-def _meter(written: list[ItemOutcome]) -> None:
-    usage_recorded(
-        [
-            UsageFacts(
-                org_id=o.item.org_id_key,
-                batch_id=o.item.batch_id,
-                item_id=o.item.pk,
-                revision_id=o.item.revision_id_key,
-                deployment_id=o.item.deployment_id_key,
-                prompt_tokens=o.prompt_tokens,
-                cached_tokens=o.cached_tokens if o.succeeded else 0,
-                completion_tokens=o.completion_tokens if o.succeeded else 0,
-                attempt=o.item.lease_token,
-                outcome="succeeded" if o.succeeded else "failed",
-                gpu_microseconds=seconds_to_microseconds(o.gpu_seconds),
-            )
-            for o in written
-        ]
-    )
 
 
 def _result_row(item: BatchItem, result: GenerationResult) -> bytes:

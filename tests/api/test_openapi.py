@@ -20,9 +20,9 @@ import requests
 import schemathesis
 
 from batches.execution import serve_key
-from batches.items import EngineKey
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
+from batches.queue import EngineKey
 from tests.conftest import Tenant, jsonl, request_line
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 
 from batches.execution import serve_key
-from batches.items import EngineKey
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
+from batches.queue import EngineKey
 from boardwalk.worker_runtime import WorkerRuntime
 from tests.conftest import Api, jsonl, request_line
 

@@ -14,11 +14,17 @@ from django.db import connection, connections, transaction
 from rest_framework.test import APIClient
 
 from batches.execution import serve_key
-from batches.execution.pipeline import _Heartbeat
-from batches.items import EngineKey, item_finish, item_release, items_claim
 from batches.lifecycle import batch_finalize
-from batches.liveness import dead_workers_recover, lock_key, session_lock_hold, worker_beat
+from batches.liveness import lock_key, session_lock_hold, worker_beat
 from batches.models import Batch, BatchItem, WorkerProcess
+from batches.queue import (
+    EngineKey,
+    LeaseHeartbeat,
+    dead_workers_recover,
+    item_finish,
+    item_release,
+    items_claim,
+)
 from batches.services import batch_cancel
 from boardwalk import clock
 from inference import runtime
@@ -269,7 +275,7 @@ def test_the_lease_heartbeat_survives_a_killed_database_connection(
     settings.ITEM_LEASE_SECONDS = 3  # a beat every second
     data = submit(api, rows(1))
     item = items_claim(key=_key(data["id"]), worker_id="w", limit=1)[0]
-    heartbeat = _Heartbeat(_StandIn("w", [item.id]))  # type: ignore[arg-type]
+    heartbeat = LeaseHeartbeat(_StandIn("w", [item.id]))
     heartbeat.start()
     try:
         time.sleep(1.5)  # let it connect

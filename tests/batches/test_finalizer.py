@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from batches.execution.finalizer import Finalizer
-from batches.items import EngineKey, items_claim
 from batches.models import Batch
+from batches.queue import EngineKey, items_claim
 from batches.tasks import engine_wake
 from tests.batches.conftest import finalize, rows, run_worker, submit
 from tests.conftest import Api

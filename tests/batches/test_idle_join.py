@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from batches.execution import serve_key
-from batches.items import EngineKey
 from batches.models import Batch
+from batches.queue import EngineKey
 from batches.tasks import engine_wake, join_waiting_work
 from tests.batches.conftest import finalize, rows, submit
 from tests.conftest import Api

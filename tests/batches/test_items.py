@@ -7,8 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from batches.items import EngineKey, items_claim
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, items_claim
 from tests.batches.conftest import rows, submit
 from tests.conftest import Api, postgres_only
 
@@ -89,7 +89,7 @@ def test_a_group_write_fences_each_row_on_its_own(api: Api, catalog_model):
     and past its expiry. Only the current one is written; the others are untouched."""
     import datetime as dt
 
-    from batches.items import ItemOutcome, items_record
+    from batches.queue import ItemOutcome, items_record
     from boardwalk import clock
 
     data = submit(api, rows(3, max_tokens=1))

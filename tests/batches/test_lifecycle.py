@@ -8,9 +8,9 @@ import orjson
 import pytest
 
 from batches.execution import serve_key
-from batches.items import EngineKey, item_finish, items_claim, leases_recover
 from batches.lifecycle import NotReady
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, item_finish, items_claim, leases_recover
 from batches.sweeps import sweep_work
 from billing.metering import gpu_microseconds_by_item
 from billing.models import LedgerEntry, UsageEvent
@@ -323,7 +323,7 @@ def test_deployment_batch_is_charged_gpu_time_not_tokens(api: Api, tenant: Tenan
 
 
 def test_gpu_time_spent_before_a_cancel_is_charged(api: Api, deployment):
-    from batches.items import item_release
+    from batches.queue import item_release
 
     data = submit(api, rows(2, model=deployment.name))
     batch = Batch.objects.get(id=data["id"])

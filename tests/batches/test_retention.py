@@ -14,8 +14,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from batches.items import EngineKey, items_claim
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, items_claim
 from batches.retention import STAGING_GRACE_SECONDS, retention_sweep
 from boardwalk import clock
 from files.models import File

@@ -11,8 +11,8 @@ import orjson
 from django.apps import apps as django_apps
 from django.test import Client
 
-from batches.items import EngineKey, item_finish, item_release, items_claim
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, item_finish, item_release, items_claim
 from batches.sweeps import sweep_work
 from boardwalk import clock
 from console.selectors import queue_health

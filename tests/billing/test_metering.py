@@ -8,8 +8,8 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
-from batches.items import EngineKey, item_release, items_claim, leases_recover
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, item_release, items_claim, leases_recover
 from billing.metering import UsageFacts, usage_record
 from billing.models import UsageEvent, UsageRollup
 from billing.pricing import TokenPrices, money_div, token_charge

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from batches.items import EngineKey, items_claim
 from batches.models import Batch, BatchItem
+from batches.queue import EngineKey, items_claim
 from batches.sweeps import sweep_work
 from boardwalk import clock
 from boardwalk.metrics import counter_inc, labels_text

@@ -173,8 +173,8 @@ def test_the_grant_action_credits_each_selected_org_through_the_ledger(staff, te
 
 
 def test_the_workers_view_shows_live_processes_and_their_leases(staff, api: Api, catalog_model):
-    from batches.items import EngineKey, items_claim
     from batches.liveness import worker_beat
+    from batches.queue import EngineKey, items_claim
 
     data = submit(api, [request_line("a"), request_line("b")])
     batch = Batch.objects.get(id=data["id"])
