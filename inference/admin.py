@@ -38,6 +38,13 @@ class ModelRevisionForm(forms.ModelForm):
     """Checks the directory the way `manage.py model inspect` does (inference.inspection):
     a revision the engine would refuse cannot be created here either."""
 
+    tensor_parallel_size = forms.IntegerField(
+        min_value=1,
+        initial=1,
+        required=False,
+        help_text=ModelRevision._meta.get_field("tensor_parallel_size").help_text,
+    )
+
     class Meta:
         model = ModelRevision
         fields = (
@@ -50,16 +57,21 @@ class ModelRevisionForm(forms.ModelForm):
             "dtype",
             "modalities",
             "tool_call_format",
+            "tensor_parallel_size",
         )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        data["tensor_parallel_size"] = data.get("tensor_parallel_size") or 1
         weights, context = data.get("weights"), data.get("context_length")
         if not weights or not context:
             return data
         try:
             found = model_inspect(
-                weights, context_length=context, dtype=data.get("dtype") or "auto"
+                weights,
+                context_length=context,
+                dtype=data.get("dtype") or "auto",
+                tensor_parallel_size=data["tensor_parallel_size"],
             )
         except InspectionRefused as exc:
             raise forms.ValidationError(f"This model cannot be served: {exc}") from exc
@@ -73,7 +85,15 @@ class ModelRevisionForm(forms.ModelForm):
 @admin.register(ModelRevision)
 class ModelRevisionAdmin(admin.ModelAdmin):
     form = ModelRevisionForm
-    list_display = ("id", "label", "context_length", "dtype", "modalities", "created_at")
+    list_display = (
+        "id",
+        "label",
+        "context_length",
+        "dtype",
+        "tensor_parallel_size",
+        "modalities",
+        "created_at",
+    )
     search_fields = ("id", "label")
     list_filter = ("dtype",)
 

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from inference.engine.families import context_length_of, kv_heads_of, refusal, text_config
+from inference.engine.parallel import device_refusal, tensor_parallel_refusal
+from inference.engine.quantization import (
+    quantization_machine_refusal,
+    quantization_of,
+    quantization_refusal,
+)
 from inference.media_layout import LayoutUnavailable, json_object, media_layout
 from inference.tokenization import ChatTokenizer, TokenizerUnavailable
 
@@ -48,6 +54,7 @@ class Inspection:
     tool_call_format: str
     eos_token_ids: list[int]
     quantization: dict[str, Any] | None = None
+    tensor_parallel_size: int = 1
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,13 +69,21 @@ class Inspection:
             "dtype": self.dtype,
             "modalities": self.modalities,
             "tool_call_format": self.tool_call_format,
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
 
 
 def model_inspect(
-    path: str | Path, *, context_length: int | None = None, dtype: str | None = None
+    path: str | Path,
+    *,
+    context_length: int | None = None,
+    dtype: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> Inspection:
-    """Describe `path` as a revision, or raise InspectionRefused naming the reason."""
+    """Describe `path` as a revision, or raise InspectionRefused naming the reason.
+
+    `tensor_parallel_size`: the devices the engine is to be split across. What depends on the
+    serving machine (its GPUs, the kernel packages installed) is `machine_refusal`'s."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
         raise InspectionRefused(f"{directory} is not a directory (download the model first)")
@@ -90,6 +105,14 @@ def model_inspect(
     reason = refusal(config, context_length=context_length)
     if reason:
         raise InspectionRefused(reason)
+    quantization = quantization_of(config.get("quantization_config") or None)
+    reason = tensor_parallel_refusal(config, tensor_parallel_size) or quantization_refusal(
+        quantization
+    )
+    if reason is None and quantization is not None and tensor_parallel_size > 1:
+        reason = "quantized weights are served with tensor_parallel_size 1"
+    if reason:
+        raise InspectionRefused(reason)
     parameters, weight_bytes, stored_dtype = _weights(directory)
     chosen_dtype = dtype or "auto"
     if chosen_dtype != "auto" and chosen_dtype.lower() not in _ELEMENT_BYTES:
@@ -99,7 +122,12 @@ def model_inspect(
     tokenizer = _tokenizer(directory)
     layout = _media_layout(directory)
     modalities = ["text", *([layout.modality] if layout else [])]
-    quantization = config.get("quantization_config") or None
+    if tensor_parallel_size > 1 and layout:
+        raise InspectionRefused(
+            "a model with a media encoder is served with tensor_parallel_size 1 (its "
+            "encoder has no tensor-parallel plan)"
+        )
+    kv_bytes = _kv_bytes_per_token(config, chosen_dtype, stored_dtype)
     return Inspection(
         path=str(directory),
         architecture=str((config.get("architectures") or [model_type])[0]),
@@ -108,12 +136,22 @@ def model_inspect(
         dtype=chosen_dtype,
         parameters=parameters,
         weight_bytes=weight_bytes,
-        kv_bytes_per_token=_kv_bytes_per_token(config, chosen_dtype, stored_dtype),
+        kv_bytes_per_token=kv_bytes,
         modalities=modalities,
         tool_call_format="hermes" if "<tool_call>" in tokenizer.chat_template else "",
         eos_token_ids=_eos_ids(directory, config),
-        quantization=_quantization(quantization),
-        notes=_notes(chosen_dtype, stored_dtype),
+        quantization=quantization,
+        tensor_parallel_size=tensor_parallel_size,
+        notes=_notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
+    )
+
+
+def machine_refusal(inspection: Inspection, *, cuda_devices: int) -> str | None:
+    """Why a machine with `cuda_devices` GPUs (0: its engines run on the CPU) cannot serve
+    what `inspection` describes, or None: more devices than it has, quantized kernels it
+    lacks."""
+    return device_refusal(inspection.tensor_parallel_size, cuda_devices) or (
+        quantization_machine_refusal(inspection.quantization, cuda=cuda_devices > 0)
     )
 
 
@@ -212,14 +250,25 @@ def _eos_ids(directory: Path, config: dict[str, Any]) -> list[int]:
     return [int(v) for v in (value if isinstance(value, list) else [value])]
 
 
-def _quantization(config: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not config:
-        return None
-    keys = ("quant_method", "bits", "load_in_8bit", "load_in_4bit", "group_size")
-    return {k: config[k] for k in keys if k in config}
-
-
-def _notes(dtype: str, stored: str) -> list[str]:
-    if dtype == "auto":
-        return [f"weights stored as {stored}; auto serves bfloat16 on a GPU, float32 on a CPU"]
-    return []
+def _notes(
+    dtype: str,
+    stored: str,
+    quantization: dict[str, Any] | None,
+    tensor_parallel_size: int,
+    kv_bytes: int,
+) -> list[str]:
+    notes = []
+    if quantization is not None:
+        notes.append(
+            f"weights quantized with {quantization['quant_method']} "
+            f"({quantization['bits']}-bit); weight_bytes is their size on disk, and packed "
+            "tensors count as stored in `parameters`"
+        )
+    elif dtype == "auto":
+        notes.append(f"weights stored as {stored}; auto serves bfloat16 on a GPU, float32 on a CPU")
+    if tensor_parallel_size > 1:
+        notes.append(
+            f"split across {tensor_parallel_size} devices: each holds 1/{tensor_parallel_size} "
+            f"of the weights and {kv_bytes // tensor_parallel_size} K/V bytes per token"
+        )
+    return notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from boardwalk import clock
@@ -41,6 +42,12 @@ class ModelRevision(models.Model):
         choices=[("", "none (no tool calls)"), ("hermes", "hermes: <tool_call>{json}</tool_call>")],
         help_text="How the chat template renders tools and the model writes tool calls; "
         "blank means the revision takes no `tools`.",
+    )
+    tensor_parallel_size = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text="GPUs of one machine the engine is split across (transformers' tensor "
+        "parallelism); 1 runs it on one device.",
     )
     created_at = models.DateTimeField(default=clock.now, editable=False)
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from inference.demo.fake_engine import FakeEngine
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
-from inference.engine.process import EngineProcess
+from inference.engine.process import EngineProcess, EngineProcessError
 from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from inference.models import ModelRevision
@@ -90,14 +90,10 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
             step_seconds=float(backend.removeprefix("fake:")) / 1000,
         )
-    elif settings.ENGINE_PROCESS:
+    elif settings.ENGINE_PROCESS or revision.tensor_parallel_size > 1:
+        # A tensor-parallel engine always runs in processes: one per rank.
         tokenizer = _load_tokenizer(revision)
-        engine = EngineProcess(
-            load=_load_options(revision),
-            engine_options=_engine_options(revision),
-            tokenizer=tokenizer,
-            with_processor=_publishes_media(revision),
-        )
+        engine = _engine_process(revision, tokenizer)
     else:
         model, tokenizer = _load(revision)
         engine = Engine(
@@ -112,6 +108,16 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
     for old in evicted:
         _close(old)
     return engine
+
+
+def _engine_process(revision: ModelRevision, tokenizer: Any) -> EngineProcess:
+    return EngineProcess(
+        load=_load_options(revision),
+        engine_options=_engine_options(revision),
+        tokenizer=tokenizer,
+        with_processor=_publishes_media(revision),
+        tensor_parallel_size=revision.tensor_parallel_size,
+    )
 
 
 def _engine_options(revision: ModelRevision) -> dict[str, Any]:
@@ -159,12 +165,26 @@ def tokenizer_for(revision: ModelRevision) -> Any:
 def revision_check(revision: ModelRevision, *, tokens: int = 4) -> GenerationResult:
     """Load `revision` in this process exactly as a worker would and generate `tokens`
     greedy tokens for one short chat prompt: proof that it loads and runs on this machine's
-    device (`manage.py model add --check`). Raises ModelLoadError when it does not load."""
-    model, tokenizer = _load(revision)
-    engine = Engine(model, tokenizer, processor=_processor(revision), **_engine_options(revision))
+    device (`manage.py model add --check`), across its ranks when it is tensor-parallel.
+    Raises ModelLoadError when it does not load."""
+    engine: GenerationEngine
+    if revision.tensor_parallel_size > 1:
+        tokenizer = _load_tokenizer(revision)
+        try:
+            engine = _engine_process(revision, tokenizer)
+        except EngineProcessError as exc:
+            raise ModelLoadError(str(exc)) from exc
+    else:
+        model, tokenizer = _load(revision)
+        engine = Engine(
+            model, tokenizer, processor=_processor(revision), **_engine_options(revision)
+        )
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
     )
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     request = GenerationRequest("check", ids, SamplingParams(max_new_tokens=tokens, temperature=0))
-    return next(iter(engine.generate([request])))
+    try:
+        return next(iter(engine.generate([request])))
+    finally:
+        _close(engine)

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from inference.engine.quantization import quantization_machine_refusal, quantization_of
 from inference.media_layout import ENGINE_MEDIA_ARCHITECTURES
 
 _DTYPES = {
@@ -42,12 +43,19 @@ def load_model(
     device: str | None = None,
     chat_template: str | None = None,
     revision: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> tuple[Any, Any]:
     """Load (model, tokenizer) for generation; never touches the network.
 
     `weights` is a local directory or a hub id already in the local cache. The model is in eval
     mode on `device` (default: cuda when available, else cpu), spread over all GPUs with
     accelerate when there is more than one. `chat_template` replaces the tokenizer's own.
+
+    With `tensor_parallel_size` N > 1 this process is one of N ranks (torch.distributed is
+    initialized, lockstep.py): transformers shards the weights by the family's plan and puts
+    this rank's part on the device it binds. A quantized directory (its config's
+    `quantization_config`) is loaded by transformers' quantizer for that method, whole on
+    `device`.
     """
     from transformers import (
         AutoConfig,
@@ -59,7 +67,8 @@ def load_model(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = resolve_dtype(dtype, device)
-    spread = device == "cuda" and torch.cuda.device_count() > 1
+    parallel = tensor_parallel_size > 1
+    spread = not parallel and device == "cuda" and torch.cuda.device_count() > 1
     options: dict[str, Any] = {"local_files_only": True}
     if revision:
         options["revision"] = revision
@@ -71,13 +80,27 @@ def load_model(
             if config.model_type in ENGINE_MEDIA_ARCHITECTURES
             else AutoModelForCausalLM
         )
-        model: Any = auto.from_pretrained(
-            weights, dtype=torch_dtype, device_map="auto" if spread else None, **options
-        )
+        quantized = getattr(config, "quantization_config", None) is not None
+        if quantized:
+            refused = quantization_machine_refusal(
+                quantization_of(config.quantization_config), cuda=device.startswith("cuda")
+            )
+            if refused:
+                raise ModelLoadError(refused)
+        placement: dict[str, Any] = {}
+        if parallel:
+            from transformers.distributed import DistributedConfig
+
+            placement["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size)
+        elif spread:
+            placement["device_map"] = "auto"
+        elif quantized:  # quantized layers are placed as they load; `.to` refuses them
+            placement["device_map"] = {"": device}
+        model: Any = auto.from_pretrained(weights, dtype=torch_dtype, **placement, **options)
         tok = AutoTokenizer.from_pretrained(tokenizer or weights, **options)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot load {weights!r}: {exc}") from exc
-    if not spread:
+    if not placement:
         model.to(device)
     model.eval()
     if chat_template:

@@ -23,6 +23,11 @@ Threads: the child has one, the engine's, which reads its inbox between steps (`
 So a send to it can wait while a step runs; in the parent one sender thread makes every send
 of a run, and the run's loop, the only reader of results, never waits on the pipe.
 
+With `tensor_parallel_size` N > 1 the engine runs across N child processes, one per rank
+(lockstep.py): the parent talks to rank 0 alone, as above; the other ranks follow rank 0's
+broadcasts and only ever tell the parent why they failed. Any rank dying makes the whole
+engine broken, and closing it stops every rank.
+
 Nothing here imports Django; the child imports torch and transformers, the parent does not
 need them for this module.
 """
@@ -33,12 +38,15 @@ import contextlib
 import logging
 import multiprocessing
 import queue
+import shutil
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
+from .lockstep import RankSetup
 from .types import NOT_READY, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -65,29 +73,60 @@ class EngineProcess:
         tokenizer: Any,
         with_processor: bool = False,
         credit: int | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         """`load`: keyword arguments of `load_model`; `engine_options`: of `Engine` (besides
         the model, tokenizer and processor); `tokenizer`: the parent's own copy of the
-        revision's tokenizer (prepare renders and tokenizes prompts with it)."""
+        revision's tokenizer (prepare renders and tokenizes prompts with it);
+        `tensor_parallel_size`: the ranks the engine runs across (`load["device"]` is the
+        first one's)."""
         context = multiprocessing.get_context("spawn")  # never fork a threaded worker
         inbox, self._to_child = context.Pipe(duplex=False)
         self._from_child, outbox = context.Pipe(duplex=False)
+        self._store_dir: str | None = None
+        setups: list[RankSetup | None] = [None]
+        if tensor_parallel_size > 1:
+            self._store_dir = tempfile.mkdtemp(prefix="boardwalk-ranks-")
+            store = f"{self._store_dir}/store"
+            device = load.get("device")
+            setups = [
+                RankSetup(rank=r, size=tensor_parallel_size, store=store, device=device)
+                for r in range(tensor_parallel_size)
+            ]
         self._process = context.Process(
             target=_child_main,
-            args=(inbox, outbox, load, engine_options, with_processor),
+            args=(inbox, outbox, load, engine_options, with_processor, setups[0]),
             name="boardwalk-engine",
             daemon=True,
         )
+        # The other ranks: each with a pipe that only ever carries why it failed.
+        self._followers: list[tuple[Any, Any]] = []
+        for setup in setups[1:]:
+            report, their_end = context.Pipe(duplex=False)
+            follower = context.Process(
+                target=_follower_main,
+                args=(their_end, load, engine_options, with_processor, setup),
+                name=f"boardwalk-engine-rank{setup.rank if setup else 0}",
+                daemon=True,
+            )
+            self._followers.append((follower, report))
+            follower.start()
+            their_end.close()
         self._process.start()
         inbox.close()
         outbox.close()
         self._send_lock = threading.Lock()
         self.tokenizer = tokenizer
         self.broken = False
-        kind, info = self._receive(_START_TIMEOUT_SECONDS)
-        if kind != "ready":
+        try:
+            kind, info = self._receive(_START_TIMEOUT_SECONDS)
+        except EngineProcessError:
             self.close()
-            raise EngineProcessError(str(info))
+            raise
+        if kind != "ready":
+            reason = self._follower_failure() or str(info)
+            self.close()
+            raise EngineProcessError(reason)
         self.max_batch_size: int = info["max_batch_size"]
         self.media_modalities = frozenset(info["media_modalities"])
         self.credit = credit or 2 * self.max_batch_size
@@ -191,15 +230,34 @@ class EngineProcess:
         self._receive(_START_TIMEOUT_SECONDS)
 
     def close(self) -> None:
-        """Stop the child: asked first, then terminated."""
+        """Stop the child (every rank): asked first, then terminated."""
         with contextlib.suppress(EngineProcessError):
             self._send(("close",))
-        self._process.join(timeout=5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(timeout=5)
+        for process in [self._process, *(f for f, _ in self._followers)]:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
         self._to_child.close()
         self._from_child.close()
+        for _, report in self._followers:
+            report.close()
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+
+    def _death(self) -> str:
+        """Why the engine died: a follower's reason first (rank 0 then fails for want of it)."""
+        return self._follower_failure() or f"exit code {self._process.exitcode}"
+
+    def _follower_failure(self) -> str | None:
+        """What a rank other than the first said when it failed, or that it died."""
+        for follower, report in self._followers:
+            with contextlib.suppress(EOFError, OSError, ValueError):
+                if report.poll(0):
+                    return f"{follower.name}: {report.recv()}"
+            if not follower.is_alive():
+                return f"{follower.name} exited with code {follower.exitcode}"
+        return None
 
     def _send(self, message: tuple[Any, ...]) -> None:
         with self._send_lock:
@@ -215,9 +273,12 @@ class EngineProcess:
                 if self._from_child.poll(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
                     return self._from_child.recv()
             except (EOFError, OSError, ValueError) as exc:  # the child's end is gone
-                raise EngineProcessError(f"exit code {self._process.exitcode}") from exc
+                raise EngineProcessError(self._death()) from exc
             if not self._process.is_alive():
-                raise EngineProcessError(f"exit code {self._process.exitcode}")
+                raise EngineProcessError(self._death())
+            failure = self._follower_failure()
+            if failure is not None:  # rank 0 would wait for it in its next collective
+                raise EngineProcessError(failure)
             if time.monotonic() >= deadline:
                 if idle_ok:
                     return ("idle", None)
@@ -227,25 +288,73 @@ class EngineProcess:
 # -- the child ------------------------------------------------------------------------------
 
 
+def _build_engine(
+    load: dict[str, Any],
+    engine_options: dict[str, Any],
+    with_processor: bool,
+    setup: RankSetup | None,
+) -> tuple[Any, Any]:
+    """(engine, channel): the revision's engine in this process; on a rank of a
+    tensor-parallel engine, this rank's part of it and the leader's broadcasts."""
+    from .engine import Engine
+    from .loading import load_model, load_processor
+
+    channel = None
+    if setup is not None:
+        from .lockstep import agree_on_pool, init_ranks, lockstep_options
+
+        channel, device = init_ranks(setup)
+        load = {**load, "device": device, "tensor_parallel_size": setup.size}
+        engine_options = lockstep_options(engine_options)
+    model, tokenizer = load_model(**load)
+    processor = (
+        load_processor(load["weights"], revision=load.get("revision")) if with_processor else None
+    )
+
+    def build(options: dict[str, Any]) -> Any:
+        return Engine(model, tokenizer, processor=processor, **options)
+
+    if channel is None:
+        return build(engine_options), None
+    return agree_on_pool(build, engine_options, channel), channel
+
+
+def _follower_main(
+    report: Any,
+    load: dict[str, Any],
+    engine_options: dict[str, Any],
+    with_processor: bool,
+    setup: RankSetup,
+) -> None:
+    """A rank other than the first: follows rank 0 (lockstep.follow) until it closes."""
+    from .lockstep import follow, rank_environment
+
+    rank_environment(setup)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        engine, channel = _build_engine(load, engine_options, with_processor, setup)
+        follow(engine, channel)
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            report.send(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from exc
+
+
 def _child_main(
     inbox: Any,
     outbox: Any,
     load: dict[str, Any],
     engine_options: dict[str, Any],
     with_processor: bool,
+    setup: RankSetup | None = None,
 ) -> None:
+    if setup is not None:
+        from .lockstep import rank_environment
+
+        rank_environment(setup)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        from .engine import Engine
-        from .loading import load_model, load_processor
-
-        model, tokenizer = load_model(**load)
-        processor = (
-            load_processor(load["weights"], revision=load.get("revision"))
-            if with_processor
-            else None
-        )
-        engine = Engine(model, tokenizer, processor=processor, **engine_options)
+        engine, channel = _build_engine(load, engine_options, with_processor, setup)
     except Exception as exc:
         outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
@@ -262,9 +371,11 @@ def _child_main(
         try:
             message = inbox.recv()
         except (EOFError, OSError):
-            return  # the worker is gone
+            message = ("close",)  # the worker is gone
+        if channel is not None and message[0] in ("run", "clear_prefix_cache", "close"):
+            channel.share((message[0],))
         if message[0] == "run":
-            _child_run(engine, inbox, outbox)
+            _child_run(engine, inbox, outbox, channel)
         elif message[0] == "clear_prefix_cache":
             engine.clear_prefix_cache()
             outbox.send(("ok", None))
@@ -313,11 +424,16 @@ class _RunInbox:
             self.over = True
 
 
-def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
+def _child_run(engine: Any, inbox: Any, outbox: Any, channel: Any = None) -> None:
     from .containment import Contained
 
     messages = _RunInbox(inbox)
     contained = Contained(engine)
+    leader = None
+    if channel is not None:
+        from .lockstep import Leader
+
+        leader = Leader(channel)
 
     def source() -> Iterator[GenerationRequest]:
         # Never blocks an engine that has rows to step: a request still on its way through
@@ -340,10 +456,15 @@ def _child_run(engine: Any, inbox: Any, outbox: Any) -> None:
         messages.drain()
         return set(messages.received) if messages.orphaned else messages.aborted
 
-    for result in contained.generate(source(), aborted=stopped):
+    requests, poll = source(), stopped
+    if leader is not None:  # every answer to the engine reaches the other ranks too
+        requests, poll = leader.source(requests), leader.aborted(stopped)
+    for result in contained.generate(requests, aborted=poll):
         messages.drain()  # a full engine asks its source nothing: notice an orphan here too
         if messages.orphaned:
             continue
+        if leader is not None:
+            result = leader.result(result)
         try:
             outbox.send(("result", result))
         except OSError:  # the worker's end is closed

@@ -12,11 +12,12 @@ from argparse import ArgumentParser
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from boardwalk.errors import BoardwalkError
 from boardwalk.selectors import organization_by_id_or_name
-from inference.inspection import Inspection, InspectionRefused, model_inspect
+from inference.inspection import Inspection, InspectionRefused, machine_refusal, model_inspect
 from inference.models import MODALITIES, CatalogModel, Deployment, ModelRevision
 from inference.services import (
     catalog_model_create,
@@ -35,6 +36,12 @@ def _inspection_options(parser: ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dtype", default=None, help="auto (default), bfloat16, float16 or float32."
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="Split the model across this many GPUs of one machine (default 1).",
     )
 
 
@@ -107,9 +114,18 @@ class Command(BaseCommand):
     # -- subcommands --------------------------------------------------------------------
 
     def _inspect(
-        self, *, directory: str, context_length: int | None, dtype: str | None, **_: Any
+        self,
+        *,
+        directory: str,
+        context_length: int | None,
+        dtype: str | None,
+        tensor_parallel_size: int,
+        **_: Any,
     ) -> dict[str, Any]:
-        return model_inspect(directory, context_length=context_length, dtype=dtype).as_dict()
+        found, refused = _inspected(directory, context_length, dtype, tensor_parallel_size)
+        if refused:  # the directory is fine; `add` here would refuse
+            found.notes.append(f"not servable on this machine: {refused}")
+        return found.as_dict()
 
     def _add(
         self,
@@ -127,6 +143,7 @@ class Command(BaseCommand):
         org: str | None,
         gpu_second_price: int | None,
         check: bool,
+        tensor_parallel_size: int,
         **_: Any,
     ) -> dict[str, Any]:
         model_name_check(name=name)
@@ -144,7 +161,7 @@ class Command(BaseCommand):
                 "give all three of --price-input, --price-cached-input and --price-output "
                 "(or none: the model is then listed but not offered for batch)"
             )
-        inspection = model_inspect(weights, context_length=context_length, dtype=dtype)
+        inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
         missing = set(batch_media) - set(inspection.modalities)
         if missing:
             raise CommandError(
@@ -183,10 +200,11 @@ class Command(BaseCommand):
         dtype: str | None,
         label: str | None,
         check: bool,
+        tensor_parallel_size: int,
         **_: Any,
     ) -> dict[str, Any]:
         target = _named(name)
-        inspection: Inspection = model_inspect(weights, context_length=context_length, dtype=dtype)
+        inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
         revision = _revision(inspection, name=name, label=label, check=check)
         if isinstance(target, CatalogModel):
             catalog_model_set_revision(model=target, revision=revision)
@@ -221,6 +239,46 @@ def _named(name: str) -> CatalogModel | Deployment:
     return found
 
 
+def _inspected(
+    weights: str, context_length: int | None, dtype: str | None, tensor_parallel_size: int
+) -> tuple[Inspection, str | None]:
+    """The directory's inspection, and what keeps this machine from serving it (or None)."""
+    inspection = model_inspect(
+        weights,
+        context_length=context_length,
+        dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+    return inspection, _machine_refusal(inspection)
+
+
+def _servable(
+    weights: str, context_length: int | None, dtype: str | None, tensor_parallel_size: int
+) -> Inspection:
+    """The inspection of a directory this machine can serve, else InspectionRefused."""
+    inspection, refused = _inspected(weights, context_length, dtype, tensor_parallel_size)
+    if refused:
+        raise InspectionRefused(refused)
+    return inspection
+
+
+def _machine_refusal(inspection: Inspection) -> str | None:
+    """What keeps this machine's workers from serving `inspection` (its GPUs, its kernels);
+    only asked when there is something to ask, since counting GPUs imports torch."""
+    if inspection.tensor_parallel_size == 1 and inspection.quantization is None:
+        return None
+    return machine_refusal(inspection, cuda_devices=_cuda_devices())
+
+
+def _cuda_devices() -> int:
+    """The GPUs this machine's workers serve on: none when BOARDWALK_ENGINE_DEVICE is cpu."""
+    if settings.ENGINE_DEVICE == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _revision(
     inspection: Inspection, *, name: str, label: str | None, check: bool
 ) -> ModelRevision:
@@ -253,6 +311,7 @@ def _revision_row(revision: ModelRevision) -> dict[str, Any]:
         "dtype": revision.dtype,
         "modalities": revision.modalities,
         "tool_call_format": revision.tool_call_format,
+        "tensor_parallel_size": revision.tensor_parallel_size,
     }
 
 

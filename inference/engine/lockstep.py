@@ -1,0 +1,237 @@
+"""One engine across N tensor-parallel ranks: every rank runs the same `Engine`, in lockstep.
+
+transformers shards the weights (`DistributedConfig(tp_size=N)`, the family's own plan); each
+forward's collectives then need every rank to run the same forward at the same time. Rather
+than reach into the engine's steps, every rank runs the whole engine on the same inputs: rank 0
+(the leader, the only one the worker talks to) broadcasts, at each point where the engine asks
+the outside world something, what the world answered:
+
+- each pull of its request source: a request (with the seed the leader chose when it had
+  none, since an unseeded row draws its own random seed), "nothing ready yet", or the end;
+- each poll of the aborted set (the engine polls at every step: `abort_poll_seconds=0`, since
+  its own poll interval is wall-clock time, which differs between ranks).
+
+Everything else the engine decides (admission, chunking, preemption, the prefix cache, which
+layout a step runs) is a function of those answers and of the pool's size, which the ranks
+agree on at start (`agree_on_pool`: each GPU's free memory differs). The logits after the
+plan's gathers are the same tensor on every rank, so seeded sampling draws the same tokens;
+followers discard their results. Each broadcast carries what it answers ("pull", "aborted"),
+so a follower whose engine asked something else stops (`LockstepBroken`) instead of running
+collectives that do not match; the engine process then counts as broken.
+
+Commands between runs ("run", "clear_prefix_cache", "close") go the same way. The broadcasts
+run on a gloo group of their own, so they work on the CPU whichever backend the forward uses
+(NCCL on GPUs), and they may wait as long as a worker idles between runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .types import NOT_READY, GenerationRequest, GenerationResult
+
+# The model's collectives: loading a large checkpoint over N ranks can take long.
+_MODEL_TIMEOUT = timedelta(hours=2)
+# The leader's broadcasts: a follower waits in one for as long as the worker sends nothing.
+_IDLE_TIMEOUT = timedelta(days=365)
+
+
+class LockstepBroken(Exception):
+    """A follower's engine asked something other than what the leader answered."""
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    rank: int
+    size: int
+    store: str  # a file the ranks meet at (torch.distributed's file:// rendezvous)
+    device: str | None  # the worker's device: "cpu", or "cuda[:K]": rank r runs on GPU K + r
+
+
+def rank_environment(setup: RankSetup) -> None:
+    """Set this rank's environment; call before torch touches a GPU (a spawned child)."""
+    os.environ.update(RANK=str(setup.rank), LOCAL_RANK=str(setup.rank), WORLD_SIZE=str(setup.size))
+    if setup.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        return
+    first = int((setup.device or "cuda").partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(first + setup.size)]
+    # Each rank sees the group's GPUs as cuda:0..N-1 and binds cuda:<rank> (transformers
+    # binds LOCAL_RANK), so a worker on cuda:4 with N=4 runs on GPUs 4-7.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[first : first + setup.size])
+
+
+class Channel:
+    """The leader's broadcasts to the followers (a gloo group of its own)."""
+
+    def __init__(self, group: Any, rank: int) -> None:
+        self._group = group
+        self.leader = rank == 0
+
+    def share(self, message: Any = None) -> Any:
+        """The leader's `message`, on every rank (the leader passes it, followers get it)."""
+        import torch.distributed as dist
+
+        box = [message if self.leader else None]
+        dist.broadcast_object_list(box, src=0, group=self._group)
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        values: list[Any] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(values, value, group=self._group)
+        return values
+
+
+def init_ranks(setup: RankSetup) -> tuple[Channel, str]:
+    """Join the process group; returns the channel and the device type the ranks run on."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if setup.device and setup.device.startswith("cuda"):
+        visible = torch.cuda.device_count() if cuda else 0
+        if visible < setup.size:
+            raise RuntimeError(
+                f"tensor_parallel_size {setup.size} needs {setup.size} GPUs from "
+                f"{setup.device} on; {visible} of them are visible"
+            )
+    device_id = None
+    if cuda:
+        torch.cuda.set_device(setup.rank)
+        device_id = torch.device("cuda", setup.rank)
+    else:
+        # N ranks share the cores: each takes its part, or they all contend for every one.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // setup.size))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"file://{setup.store}",
+        rank=setup.rank,
+        world_size=setup.size,
+        timeout=_MODEL_TIMEOUT,
+        device_id=device_id,
+    )
+    group = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    return Channel(group, setup.rank), "cuda" if cuda else "cpu"
+
+
+def lockstep_options(engine_options: dict[str, Any]) -> dict[str, Any]:
+    """The engine's options on every rank: aborts polled at each step, not each 0.5 s."""
+    return {**engine_options, "abort_poll_seconds": 0.0}
+
+
+def agree_on_pool(
+    build: Callable[[dict[str, Any]], Any], options: dict[str, Any], channel: Channel
+) -> Any:
+    """An engine built on every rank with the same K/V pool (the smallest any rank sized)."""
+    engine = build(options)
+    sizes = channel.gather(engine.kv_cache_bytes)
+    if len(set(sizes)) == 1:
+        return engine
+    del engine  # every rank rebuilds: building runs a forward, whose collectives all must join
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return build({**options, "kv_cache_bytes": min(sizes)})
+
+
+# -- the leader's side ------------------------------------------------------------------------
+
+
+class Leader:
+    """Wraps the leader's request source and aborted poll so each answer reaches the
+    followers; restores the params of the requests it seeded on their results."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._unseeded: dict[str, Any] = {}
+
+    def source(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationRequest]:
+        for request in requests:
+            if request is NOT_READY:
+                self._channel.share(("pull", "wait", None))
+                yield NOT_READY
+                continue
+            request = self._seeded(request)
+            self._channel.share(("pull", "request", request))
+            yield request
+        self._channel.share(("pull", "end", None))
+
+    def aborted(self, poll: Callable[[], Collection[str]]) -> Callable[[], Collection[str]]:
+        def shared() -> Collection[str]:
+            ids = sorted(poll())
+            self._channel.share(("aborted", ids))
+            return frozenset(ids)
+
+        return shared
+
+    def result(self, result: GenerationResult) -> GenerationResult:
+        params = self._unseeded.pop(result.id, None)
+        return dataclasses.replace(result, params=params) if params is not None else result
+
+    def _seeded(self, request: GenerationRequest) -> GenerationRequest:
+        params = request.params
+        if params.temperature <= 0 or params.seed is not None:
+            return request
+        self._unseeded[request.id] = params
+        seeded = dataclasses.replace(params, seed=secrets.randbits(63))
+        return dataclasses.replace(request, params=seeded)
+
+
+# -- a follower's side ------------------------------------------------------------------------
+
+
+def _expect(message: Any, kind: str) -> Any:
+    if not isinstance(message, tuple) or not message or message[0] != kind:
+        got = message[0] if isinstance(message, tuple) and message else message
+        raise LockstepBroken(f"the engine asked for {kind!r} where the leader answered {got!r}")
+    return message
+
+
+def followed_source(channel: Channel) -> Iterator[GenerationRequest]:
+    while True:
+        _, what, request = _expect(channel.share(), "pull")
+        if what == "end":
+            return
+        yield NOT_READY if what == "wait" else request
+
+
+def followed_aborted(channel: Channel) -> Callable[[], Collection[str]]:
+    def poll() -> Collection[str]:
+        return frozenset(_expect(channel.share(), "aborted")[1])
+
+    return poll
+
+
+def follow(engine: Any, channel: Channel) -> None:
+    """A follower's life: run what the leader runs until it says "close"."""
+    from .containment import Contained
+
+    while True:
+        command = channel.share()
+        if command[0] == "run":
+            # Contained as on the leader: a request that makes the engine raise does so on
+            # every rank, and every rank isolates it the same way.
+            for _ in Contained(engine).generate(
+                followed_source(channel), aborted=followed_aborted(channel)
+            ):
+                pass
+        elif command[0] == "clear_prefix_cache":
+            engine.clear_prefix_cache()
+        elif command[0] == "close":
+            return
+        else:
+            raise LockstepBroken(f"unknown command {command[0]!r}")

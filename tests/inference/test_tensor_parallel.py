@@ -1,0 +1,214 @@
+"""One engine across two tensor-parallel ranks (inference/engine/lockstep.py), on the CPU with
+gloo and the real tiny model: token-exact against one rank, aborts and failures in lockstep,
+a dead rank reported; and the rules that refuse what cannot be split."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine.families import TEXT_FAMILIES
+from inference.engine.parallel import (
+    TENSOR_PARALLEL_FAMILIES,
+    device_refusal,
+    tensor_parallel_refusal,
+)
+from inference.engine.process import EngineProcess, EngineProcessError
+from inference.engine.types import ConstraintSpec
+from inference.models import ModelRevision
+
+OPTIONS = {"context_length": 512, "max_batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir: Path):
+    return load_model(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir: Path, loaded):
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir), "device": "cpu"},
+        engine_options=OPTIONS,
+        tokenizer=loaded[1],
+        tensor_parallel_size=2,
+    )
+    yield engine
+    engine.close()
+
+
+def batch(tokenizer, *, seeded: bool = True) -> list[GenerationRequest]:
+    """Greedy and sampled rows, one with n=2, more requests than rows."""
+    texts = ["Hi.", "Tell me about the sea. " * 3, "Why?", "A longer question, " * 5]
+    out = []
+    for i in range(6):
+        sampled = i % 2 == 1
+        params = SamplingParams(
+            max_new_tokens=8,
+            temperature=0.8 if sampled else 0.0,
+            seed=(100 + i) if sampled and seeded else None,
+            n=2 if i == 3 else 1,
+        )
+        ids = tokenizer.encode(texts[i % 4], add_special_tokens=False)
+        out.append(GenerationRequest(f"r{i}", ids, params))
+    return out
+
+
+def tokens(results) -> dict[str, list[list[int]]]:
+    return {r.id: [c.token_ids for c in r.choices] for r in results}
+
+
+@pytest.mark.model
+def test_two_ranks_are_token_exact_against_one(two_ranks, loaded) -> None:
+    model, tokenizer = loaded
+    requests = batch(tokenizer)
+    one = tokens(Engine(model, tokenizer, **OPTIONS).generate(requests))
+
+    two = tokens(two_ranks.generate(iter(requests)))
+
+    assert two == one
+    assert all(choices and all(choices) for choices in two.values())
+    # Again, now with the prompts in the ranks' prefix caches.
+    assert tokens(two_ranks.generate(iter(requests))) == one
+    assert not two_ranks.broken
+
+
+@pytest.mark.model
+def test_unseeded_rows_sample_on_every_rank_alike_and_keep_their_params(two_ranks, loaded):
+    _, tokenizer = loaded
+    requests = batch(tokenizer, seeded=False)
+
+    results = list(two_ranks.generate(iter(requests)))
+
+    assert {r.id for r in results} == {r.id for r in requests}
+    assert all(r.error is None and r.choices for r in results)
+    # The seed the leader chose for the ranks stays theirs: the result echoes the request.
+    assert all(r.params is not None and r.params.seed is None for r in results)
+    assert not two_ranks.broken
+
+
+@pytest.mark.model
+def test_aborts_and_a_failing_request_keep_the_ranks_in_lockstep(two_ranks, loaded) -> None:
+    model, tokenizer = loaded
+    requests = batch(tokenizer)
+    long = GenerationRequest(
+        "long", requests[0].prompt_ids, SamplingParams(max_new_tokens=400, ignore_eos=True)
+    )
+    # A grammar nothing matches: this row's sampling raises, on every rank alike.
+    poison = GenerationRequest(
+        "poison",
+        requests[2].prompt_ids,
+        SamplingParams(max_new_tokens=4, constraint=ConstraintSpec(grammar="%%% no grammar")),
+    )
+    stop = threading.Event()
+    results = {}
+    for result in two_ranks.generate(
+        iter([long, poison, *requests]), aborted=lambda: {"long"} if stop.is_set() else set()
+    ):
+        results[result.id] = result
+        stop.set()
+
+    assert results["long"].aborted
+    assert results["poison"].error == "internal_error"
+    one = tokens(Engine(model, tokenizer, **OPTIONS).generate(requests))
+    assert {k: v for k, v in tokens(results.values()).items() if k in one} == one
+    # The next run still lines up on both ranks.
+    assert tokens(two_ranks.generate(iter(requests))) == one
+    assert not two_ranks.broken
+
+
+@pytest.mark.model
+def test_ranks_that_cannot_load_say_why(tmp_path: Path, loaded) -> None:
+    with pytest.raises(EngineProcessError, match="cannot load"):
+        EngineProcess(
+            load={"weights": str(tmp_path / "absent"), "device": "cpu"},
+            engine_options=OPTIONS,
+            tokenizer=loaded[1],
+            tensor_parallel_size=2,
+        )
+
+
+# -- what can be split -------------------------------------------------------------------------
+
+
+def test_the_families_with_a_plan_are_transformers_own() -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    assert TENSOR_PARALLEL_FAMILIES.issubset(TEXT_FAMILIES)
+    for model_type in TENSOR_PARALLEL_FAMILIES:
+        assert CONFIG_MAPPING[model_type].base_model_tp_plan, model_type
+    for model_type in ("gpt2", "falcon", "opt"):  # no plan: refused, not split wrong
+        assert not getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None)
+
+
+def test_refusals_name_what_does_not_split() -> None:
+    llama = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8}
+    assert tensor_parallel_refusal(llama, 1) is None
+    assert tensor_parallel_refusal(llama, 8) is None
+    assert "8 key/value heads do not divide across 16" in str(tensor_parallel_refusal(llama, 16))
+    assert "32 attention heads do not divide across 3" in str(tensor_parallel_refusal(llama, 3))
+    assert "GPT-2 has no tensor-parallel plan" in str(
+        tensor_parallel_refusal({"model_type": "gpt2", "n_head": 12}, 2)
+    )
+    assert "1 or more" in str(tensor_parallel_refusal(llama, 0))
+    assert "needs 8 GPUs and this machine has 4" in str(device_refusal(8, 4))
+    assert device_refusal(4, 4) is None and device_refusal(2, 0) is None  # CPU ranks
+
+
+def model(*args: str) -> dict:
+    out = io.StringIO()
+    call_command("model", "--json", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.django_db
+def test_model_add_checks_and_records_the_split(tiny_model_dir: Path, settings) -> None:
+    settings.ENGINE_DEVICE = "cpu"
+    found = model("inspect", str(tiny_model_dir), "--tensor-parallel-size", "2")
+    assert found["tensor_parallel_size"] == 2
+    assert any("split across 2 devices" in note for note in found["notes"])
+
+    with pytest.raises(CommandError, match="4 attention heads do not divide across 3"):
+        call_command("model", "add", "tp/three", "--weights", str(tiny_model_dir),
+                     "--tensor-parallel-size", "3")  # fmt: skip
+    # --check generates across the two ranks before the revision exists.
+    added = model(
+        "add", "tp/two", "--weights", str(tiny_model_dir), "--tensor-parallel-size", "2", "--check"
+    )
+    assert added["revision"]["tensor_parallel_size"] == 2
+    assert ModelRevision.objects.get(id=added["revision"]["id"]).tensor_parallel_size == 2
+
+
+@pytest.mark.django_db
+def test_the_admin_form_refuses_a_split_the_model_cannot_take(tiny_model_dir: Path) -> None:
+    from inference.admin import ModelRevisionForm
+
+    fields = {"label": "tp", "weights": str(tiny_model_dir), "context_length": 512,
+              "dtype": "auto", "modalities": '["text"]'}  # fmt: skip
+    form = ModelRevisionForm(data=fields | {"tensor_parallel_size": 3})
+    assert not form.is_valid()
+    assert "4 attention heads do not divide across 3" in str(form.errors)
+    form = ModelRevisionForm(data=fields | {"tensor_parallel_size": 2})
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["tensor_parallel_size"] == 2
+
+
+@pytest.mark.model
+def test_a_rank_that_dies_breaks_the_engine(two_ranks, loaded) -> None:
+    """Last of the file's uses of the shared engine: it breaks it."""
+    follower = two_ranks._followers[0][0]
+    os.kill(follower.pid, 9)
+    follower.join(timeout=10)
+
+    assert list(two_ranks.generate(iter(batch(loaded[1])))) == []
+    assert two_ranks.broken
+    two_ranks.close()
+    assert not follower.is_alive() and not two_ranks._process.is_alive()
