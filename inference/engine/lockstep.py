@@ -17,7 +17,9 @@ agree on at start (`agree_on_pool`: each GPU's free memory differs). The logits 
 plan's gathers are the same tensor on every rank, so seeded sampling draws the same tokens;
 followers discard their results. Each broadcast carries what it answers ("pull", "aborted"),
 so a follower whose engine asked something else stops (`LockstepBroken`) instead of running
-collectives that do not match; the engine process then counts as broken.
+collectives that do not match; the engine process then counts as broken. An out-of-memory step
+on one rank alone would part them too: the ranks' pools are the same size and their steps'
+activations the same shape, so a step that does not fit fails on every rank alike.
 
 Commands between runs ("run", "clear_prefix_cache", "close") go the same way. The broadcasts
 run on a gloo group of their own, so they work on the CPU whichever backend the forward uses
@@ -42,8 +44,11 @@ _MODEL_TIMEOUT = timedelta(hours=2)
 _IDLE_TIMEOUT = timedelta(days=365)
 
 
-class LockstepBroken(Exception):
-    """A follower's engine asked something other than what the leader answered."""
+class LockstepBroken(BaseException):
+    """The ranks are no longer in step: a follower's engine asked something other than what
+    the leader answered, or a rank is gone. A BaseException so that it passes `Contained`
+    (which isolates the requests an `Exception` came from): no request is to blame, and the
+    rank must stop, which makes its engine process broken."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,10 @@ class Channel:
         import torch.distributed as dist
 
         box = [message if self.leader else None]
-        dist.broadcast_object_list(box, src=0, group=self._group)
+        try:
+            dist.broadcast_object_list(box, src=0, group=self._group)
+        except Exception as exc:  # a peer's connection closed: it died
+            raise LockstepBroken(f"a rank is gone ({type(exc).__name__}: {exc})") from exc
         return box[0]
 
     def gather(self, value: Any) -> list[Any]:

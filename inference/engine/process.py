@@ -327,14 +327,14 @@ def _follower_main(
     setup: RankSetup,
 ) -> None:
     """A rank other than the first: follows rank 0 (lockstep.follow) until it closes."""
-    from .lockstep import follow, rank_environment
+    from .lockstep import LockstepBroken, follow, rank_environment
 
     rank_environment(setup)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         engine, channel = _build_engine(load, engine_options, with_processor, setup)
         follow(engine, channel)
-    except Exception as exc:
+    except (Exception, LockstepBroken) as exc:
         with contextlib.suppress(OSError):
             report.send(f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from exc

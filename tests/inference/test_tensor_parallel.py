@@ -16,13 +16,14 @@ from django.core.management.base import CommandError
 
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
 from inference.engine.families import TEXT_FAMILIES
+from inference.engine.lockstep import Channel, LockstepBroken, followed_aborted, followed_source
 from inference.engine.parallel import (
     TENSOR_PARALLEL_FAMILIES,
     device_refusal,
     tensor_parallel_refusal,
 )
 from inference.engine.process import EngineProcess, EngineProcessError
-from inference.engine.types import ConstraintSpec
+from inference.engine.types import NOT_READY, ConstraintSpec
 from inference.models import ModelRevision
 
 OPTIONS = {"context_length": 512, "max_batch_size": 4}
@@ -199,6 +200,31 @@ def test_the_admin_form_refuses_a_split_the_model_cannot_take(tiny_model_dir: Pa
     form = ModelRevisionForm(data=fields | {"tensor_parallel_size": 2})
     assert form.is_valid(), form.errors
     assert form.cleaned_data["tensor_parallel_size"] == 2
+
+
+class Scripted(Channel):
+    """The leader's broadcasts as a follower would receive them, from a list."""
+
+    def __init__(self, messages: list) -> None:
+        super().__init__(group=None, rank=1)
+        self._messages = iter(messages)
+
+    def share(self, message=None):
+        return next(self._messages)
+
+
+def test_a_follower_stops_where_its_engine_asks_what_the_leader_did_not_answer() -> None:
+    request = GenerationRequest("a", [1, 2], SamplingParams(max_new_tokens=1))
+    channel = Scripted([("pull", "request", request), ("pull", "wait", None), ("aborted", [])])
+    source = followed_source(channel)
+    assert next(source) is request
+    assert next(source) is NOT_READY
+    with pytest.raises(LockstepBroken, match="asked for 'pull' where the leader answered"):
+        next(source)
+    with pytest.raises(LockstepBroken, match="asked for 'aborted'"):
+        followed_aborted(Scripted([("pull", "end", None)]))()
+    # Not an Exception: containment must not take it for one request's failure.
+    assert not issubclass(LockstepBroken, Exception)
 
 
 @pytest.mark.model
