@@ -6,6 +6,7 @@ class BatchesConfig(AppConfig):
     verbose_name = "Batches"
 
     def ready(self) -> None:
+        import batches.interactive.tasks  # noqa: F401 (declares its actor in every process)
         from batches.metrics import collect
         from boardwalk.metrics import register_collector
 

@@ -67,6 +67,16 @@ class CatalogModel(models.Model):
     price_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
     price_cached_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
     price_output = models.BigIntegerField(default=0, help_text="microusd per million tokens")
+    # Interactive requests (POST /v1/chat/completions) pay these; flex ones the batch prices.
+    price_input_interactive = models.BigIntegerField(
+        default=0, help_text="microusd per million tokens, interactive"
+    )
+    price_cached_input_interactive = models.BigIntegerField(
+        default=0, help_text="microusd per million tokens, interactive"
+    )
+    price_output_interactive = models.BigIntegerField(
+        default=0, help_text="microusd per million tokens, interactive"
+    )
     batch_media = models.JSONField(
         default=list, blank=True, help_text="Modalities the batch qualification covers; [] = text."
     )
