@@ -27,6 +27,13 @@ its forwards had to read (weights once per forward + each sequence's live keys/v
 second, as a fraction of the device's memory bandwidth (the roofline; `--bandwidth-gbs`, or
 known GPUs by name).
 
+`--host-rows 64 256 [--old-engine DIR]` measures the engine's host time instead: every row
+decodes 64 tokens (max_batch_size = rows), and the wall time outside the model's forwards is
+divided by the forwards (the goal: at most 0.5 ms per forward at 256 rows). With
+`--old-engine` (a copy of an older `inference/engine`, e.g. `git archive REV inference/engine |
+tar -x -C /tmp/old`, then `/tmp/old/inference/engine`) that engine runs too, alternating, in
+the same process.
+
 `--structured [options of benchmarks/structured.py]` runs that script: the same batch with and
 without JSON schemas on half of its rows.
 """
@@ -55,8 +62,8 @@ from inference.engine import (  # noqa: E402
     GenerationRequest,
     SamplingParams,
     load_model,
-    render_prompt,
 )
+from inference.rendering import render_prompt  # noqa: E402
 
 WIDTH = 32  # rows of the engine, static batch size, requests the generate_batch cache holds
 MAX_TOKENS = 128
@@ -316,6 +323,75 @@ def measure(
     return {name: statistics.median(found) for name, found in rates.items()}
 
 
+class ForwardClock:
+    """Wall time spent inside the model's forwards, and how many there were."""
+
+    def __init__(self, model: Any) -> None:
+        self.seconds, self.forwards, self._began = 0.0, 0, 0.0
+        model.register_forward_pre_hook(self._before)
+        model.register_forward_hook(self._after)
+
+    def _before(self, module: Any, args: Any) -> None:
+        self._began = time.perf_counter()
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        self.seconds += time.perf_counter() - self._began
+        self.forwards += 1
+
+
+def load_engine_class(directory: Path) -> Any:
+    """`Engine` from a copy of the engine package elsewhere, imported under its own name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "old_engine", directory / "__init__.py", submodule_search_locations=[str(directory)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_engine"] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module("old_engine.engine").Engine
+
+
+def host_time(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
+    """Host milliseconds per forward outside the model, decoding `rows` rows at once."""
+    clock = ForwardClock(model)
+    engines: dict[str, Any] = {"new": Engine}
+    if args.old_engine:
+        engines = {"old": load_engine_class(args.old_engine), **engines}
+    tokens = 64
+    for rows in args.host_rows:
+        requests = make_requests(tokenizer, rows, args.seed)
+        for r in requests:
+            r.params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+        built = {
+            name: cls(model, tokenizer, context_length=2048, max_batch_size=rows)
+            for name, cls in engines.items()
+        }
+        found: dict[str, list[float]] = {name: [] for name in built}
+        for round_ in range(args.rounds + 1):
+            for name, engine in built.items():
+                clock.seconds, clock.forwards = 0.0, 0
+                began = time.perf_counter()
+                with torch.inference_mode():
+                    for _ in engine.generate(iter(requests)):
+                        pass
+                wall = time.perf_counter() - began
+                host = (wall - clock.seconds) / clock.forwards * 1e3
+                tag = "warm-up" if round_ == 0 else f"round {round_}"
+                print(
+                    f"  {tag:8} {name} engine, {rows} rows: {clock.forwards} forwards, "
+                    f"{wall:.2f} s, {clock.seconds / wall:.0%} in forwards, "
+                    f"host {host:.2f} ms/forward, {rows * tokens / wall:.0f} tok/s",
+                    flush=True,
+                )
+                if round_:
+                    found[name].append(host)
+        for name, hosts in found.items():
+            median = statistics.median(hosts)
+            print(f"  median {name} engine, {rows} rows: host {median:.2f} ms/forward")
+
+
 def main() -> None:
     if "--structured" in sys.argv:
         import runpy
@@ -335,7 +411,7 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], help="strategy letters to leave out")
     parser.add_argument(
         "--model-size",
-        choices=["bench", "1b"],
+        choices=["tiny", "bench", "1b"],
         default="bench",
         help="demo model built on the spot (1b: the shape of Llama-3.2-1B, for a GPU)",
     )
@@ -345,6 +421,8 @@ def main() -> None:
         type=float,
         help="the device's memory bandwidth for the roofline (default: known GPUs by name)",
     )
+    parser.add_argument("--host-rows", type=int, nargs="*", help="measure host time (see doc)")
+    parser.add_argument("--old-engine", type=Path, help="an older engine package, for --host-rows")
     args = parser.parse_args()
 
     model_dir = args.model_dir
@@ -352,6 +430,9 @@ def main() -> None:
         model_dir = ROOT / f"var/models/tiny-chat-{args.model_size}"
     model_dir = build_demo_model(model_dir, size=args.model_size)
     model, tokenizer = load_model(str(model_dir), device=args.device)
+    if args.host_rows:  # no hidden ends: every row decodes as long as the others
+        host_time(model, tokenizer, args)
+        return
     eos = int(tokenizer.eos_token_id)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     hidden = HiddenEnds(model, eos, seed=args.seed)

@@ -195,20 +195,36 @@ class ModelRunner:
                 device,
             )
             takes, starts = _to(takes_list, device), _to(starts_list, device)
+            # Sizes the host knows are passed along, so that no op has to read a count back
+            # from the device (a synchronisation on a GPU).
+            n_q, n_k = sum(takes_list), sum(lengths_list)
+            distinct = _distinct_blocks(tables, lengths_list, bs)
             rows = torch.arange(len(work), device=device)
-            q_row = rows.repeat_interleave(takes)
+            q_row = rows.repeat_interleave(takes, output_size=n_q)
             q_first = torch.cumsum(takes, 0) - takes
-            q_at = torch.arange(len(q_row), device=device) - q_first[q_row] + starts[q_row]
-            k_row = rows.repeat_interleave(lengths)
+            q_at = torch.arange(n_q, device=device) - q_first[q_row] + starts[q_row]
+            k_row = rows.repeat_interleave(lengths, output_size=n_k)
             k_first = torch.cumsum(lengths, 0) - lengths
-            k_at = torch.arange(len(k_row), device=device) - k_first[k_row]
-            slots = table[k_row, k_at // bs] * bs + k_at % bs
-            unique, column = torch.unique(slots, return_inverse=True)
+            k_at = torch.arange(n_k, device=device) - k_first[k_row]
+            k_block = table[k_row, k_at // bs]
+            # The step's distinct blocks in ascending order, each slot of them one column: a
+            # slot read by several sequences (a shared prefix) is read once.
+            present = torch.zeros(self.pool.num_blocks, dtype=torch.bool, device=device)
+            present[k_block] = True
+            blocks = torch.nonzero_static(present, size=distinct).reshape(-1)
+            rank = torch.zeros(self.pool.num_blocks, dtype=torch.long, device=device)
+            rank[blocks] = torch.arange(distinct, device=device)
+            column = rank[k_block] * bs + k_at % bs
+            # Slots no sequence has reached yet hold no key: they read the zeroed block 0.
+            reached = torch.zeros(distinct * bs, dtype=torch.bool, device=device)
+            reached[column] = True
+            slots = (blocks[:, None] * bs + torch.arange(bs, device=device)).reshape(-1)
+            unique = torch.where(reached, slots, 0)
             # Keys are already rotated (RoPE) in the cache, so their order in the product is
             # free.
             pair = (q_row[:, None] == k_row[None, :]) & (k_at[None, :] <= q_at[:, None])
-            union = torch.zeros((len(q_row), len(unique)), dtype=torch.uint8, device=device)
-            union.scatter_reduce_(1, column.expand(len(q_row), -1), pair.to(torch.uint8), "amax")
+            union = torch.zeros((n_q, distinct * bs), dtype=torch.uint8, device=device)
+            union.scatter_reduce_(1, column.expand(n_q, -1), pair.to(torch.uint8), "amax")
             read = unique[None]
             write = (table[q_row, q_at // bs] * bs + q_at % bs)[None]
             positions = q_at[None]
@@ -217,7 +233,7 @@ class ModelRunner:
             if self._windowed:
                 # A slot read by several sequences (a shared prefix) is at the same position in
                 # each of them: blocks are shared from the first block on.
-                at = torch.zeros(len(unique), dtype=k_at.dtype, device=device)
+                at = torch.zeros(distinct * bs, dtype=k_at.dtype, device=device)
                 q_pos, k_pos = (
                     q_at[None, None, :, None],
                     at.scatter_(0, column, k_at)[None, None, None],
@@ -364,12 +380,19 @@ def _decode_padded(
     64-wide heads they stay packed (padded was 0.84x on the bench model), and so do rows
     sharing a prompt.
     """
-    distinct = {
-        block
-        for table, length in zip(tables, lengths, strict=True)
-        for block in table[: math.ceil(length / block_size)]
-    }
-    return 2 * len(distinct) * block_size > max(lengths) * key_width
+    distinct = _distinct_blocks(tables, lengths, block_size)
+    return 2 * distinct * block_size > max(lengths) * key_width
+
+
+def _distinct_blocks(tables: list[list[int]], lengths: list[int], block_size: int) -> int:
+    """How many distinct blocks the rows' keys lie in."""
+    return len(
+        {
+            block
+            for table, length in zip(tables, lengths, strict=True)
+            for block in table[: math.ceil(length / block_size)]
+        }
+    )
 
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:
