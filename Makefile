@@ -23,7 +23,7 @@ run: install
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy boardwalk files batches billing inference webhooks console
+	$(VENV)/bin/mypy project boardwalk files batches billing inference webhooks console boardwalk_cli
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/pytest

@@ -31,6 +31,7 @@ from billing.services import credit_settle
 from boardwalk import clock
 from boardwalk.codes import ItemCode
 from boardwalk.faultpoints import fault_point
+from boardwalk.http.pagination import list_envelope
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.limits import MAX_RESULT_FILE_BYTES
@@ -104,10 +105,7 @@ def batch_fail(*, batch: Batch, code: str, message: str) -> bool:
         .filter(id=batch.id)
         .update(
             outcome=Batch.Status.FAILED,
-            errors={
-                "object": "list",
-                "data": [{"code": code, "message": message, "param": None, "line": None}],
-            },
+            errors=list_envelope([{"code": code, "message": message, "param": None, "line": None}]),
         )
     )
     if moved:

@@ -5,6 +5,7 @@ from typing import Any
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from batches import schemas
 from batches.idempotency import check_key, request_hash
 from batches.requests import parse_submission
 from batches.selectors import (
@@ -15,28 +16,18 @@ from batches.selectors import (
 )
 from batches.serializers import batch_payload, receipt_payload
 from batches.services import batch_cancel, batch_create, batch_estimate
-from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
-from boardwalk.pagination import parse_limit
-
-
-def _list(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": has_more,
-    }
+from boardwalk.http import openapi as oa
+from boardwalk.http.pagination import list_envelope, parse_limit
 
 
 class BatchCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
     @oa.operation(
-        oa.BATCH,
+        schemas.BATCH,
         errors=(402, 409, 429, 503),
-        request=oa.BATCH_CREATE,
+        request=schemas.BATCH_CREATE,
         parameters=[oa.IDEMPOTENCY_KEY],
     )
     def post(self, request: Any) -> Response:
@@ -50,19 +41,19 @@ class BatchCollectionView(APIView):
         )
         return Response(batch_payload(batch))
 
-    @oa.operation(oa.list_of(oa.BATCH), operation_id="batches_list", parameters=oa.PAGINATION)
+    @oa.operation(oa.list_of(schemas.BATCH), operation_id="batches_list", parameters=oa.PAGINATION)
     def get(self, request: Any) -> Response:
         limit = parse_limit(request.query_params.get("limit"))
         rows, has_more = batches_page(
             org=request.user.org, limit=limit, after=request.query_params.get("after")
         )
-        return Response(_list([batch_payload(b) for b in rows], has_more))
+        return Response(list_envelope([batch_payload(b) for b in rows], has_more=has_more))
 
 
 class BatchEstimateView(APIView):
     scopes = {"POST": READ}
 
-    @oa.operation(oa.ESTIMATE, errors=(503,), request=oa.BATCH_CREATE)
+    @oa.operation(schemas.ESTIMATE, errors=(503,), request=schemas.BATCH_CREATE)
     def post(self, request: Any) -> Response:
         return Response(
             batch_estimate(org=request.user.org, submission=parse_submission(request.data))
@@ -72,7 +63,7 @@ class BatchEstimateView(APIView):
 class BatchDetailView(APIView):
     scopes = {"GET": READ}
 
-    @oa.operation(oa.BATCH)
+    @oa.operation(schemas.BATCH)
     def get(self, request: Any, batch_id: str) -> Response:
         return Response(batch_payload(batch_get_for_org(org=request.user.org, batch_id=batch_id)))
 
@@ -80,7 +71,7 @@ class BatchDetailView(APIView):
 class BatchCancelView(APIView):
     scopes = {"POST": WRITE}
 
-    @oa.operation(oa.BATCH, errors=(409,), request=None)
+    @oa.operation(schemas.BATCH, errors=(409,), request=None)
     def post(self, request: Any, batch_id: str) -> Response:
         batch = batch_get_for_org(org=request.user.org, batch_id=batch_id)
         return Response(batch_payload(batch_cancel(batch=batch)))
@@ -90,7 +81,7 @@ class ReceiptListView(APIView):
     scopes = {"GET": READ}
 
     @oa.operation(
-        oa.list_of(oa.RECEIPT),
+        oa.list_of(schemas.RECEIPT),
         operation_id="requests_list",
         parameters=[*oa.PAGINATION, oa.OpenApiParameter("batch_id", str)],
     )
@@ -102,13 +93,13 @@ class ReceiptListView(APIView):
             limit=limit,
             after=request.query_params.get("after"),
         )
-        return Response(_list([receipt_payload(i) for i in rows], has_more))
+        return Response(list_envelope([receipt_payload(i) for i in rows], has_more=has_more))
 
 
 class ReceiptDetailView(APIView):
     scopes = {"GET": READ}
 
-    @oa.operation(oa.RECEIPT)
+    @oa.operation(schemas.RECEIPT)
     def get(self, request: Any, request_id: str) -> Response:
         return Response(
             receipt_payload(receipt_get_for_org(org=request.user.org, request_id=request_id))

@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ class Server:
         os.environ["BOARDWALK_UPLOAD_COUNT_INLINE_BYTES"] = "0"
         os.environ.pop("DATABASE_URL", None)
         os.environ.pop("REDIS_URL", None)
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
         sys.path.insert(0, str(ROOT))
         import django
 

@@ -44,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 
 def _bodies(count: int, seed: int) -> list[dict[str, Any]]:
@@ -204,7 +204,7 @@ def main() -> None:
         while b"worker ready" not in (data_dir / "worker.log").read_bytes():
             time.sleep(0.2)
     else:
-        from boardwalk.worker_runtime import WorkerRuntime
+        from project.worker_runtime import WorkerRuntime
 
         runtime = WorkerRuntime(threads=1).start()
 

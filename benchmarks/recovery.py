@@ -46,7 +46,7 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="boardwalk-recovery-bench-")
     os.environ["BOARDWALK_DATA_DIR"] = data_dir
     os.environ.pop("BOARDWALK_S3_BUCKET", None)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     sys.path.insert(0, str(ROOT))
     import django
 

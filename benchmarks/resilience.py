@@ -4,7 +4,7 @@
    connections hold a partial request head (`GET /healthz HTTP/1.1\\r\\nHost: x\\r\\nX-a: `, then
    silence) and 10 authenticated uploads trickle 1 byte a second, `GET /healthz` and a small
    upload (a valid 2-line file) are timed one after another (client timeout 5 s). Side by side:
-   - boardwalk: `manage.py serve` (boardwalk.server.BoundedThreadWorker, default limits);
+   - boardwalk: `manage.py serve` (project.server.BoundedThreadWorker, default limits);
    - baseline: the server `serve` ran before issue 7, gunicorn `gthread`, 1 process x 8
      threads, no read timeouts (same app).
    The attack is re-opened when the server cuts it, for the whole measuring window.
@@ -180,7 +180,7 @@ def _start(kind: str, env: dict[str, str], port: int) -> subprocess.Popen[bytes]
         command = [sys.executable, "manage.py", "serve", "--port", str(port)]
     else:  # the pre-issue-7 server: gthread, 1 x 8 threads, no read timeouts
         command = [
-            sys.executable, "-m", "gunicorn", "boardwalk.wsgi:application",
+            sys.executable, "-m", "gunicorn", "project.wsgi:application",
             "--worker-class", "gthread", "--workers", "1", "--threads", "8",
             "--timeout", "300", "--bind", f"127.0.0.1:{port}", "--no-control-socket",
         ]  # fmt: skip
@@ -294,7 +294,7 @@ def _attack_line() -> bytes:
 def _validate_child(package: str) -> None:
     """In a fresh process: validate the attack line, print peak RSS growth and the report."""
     sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     module = __import__(package, fromlist=["InputValidator", "ModelTarget"])
     target = module.ModelTarget(name="boardwalk/tiny-chat", context_length=4096, media=frozenset())
     line = _attack_line()

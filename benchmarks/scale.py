@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 
 def main() -> None:

@@ -143,7 +143,7 @@ def run_write_fsync(path: Path, data_dir: Path) -> dict:
 def run_boardwalk(path: Path, data_dir: Path, *, fsync: bool = True, count: bool = False) -> dict:
     """`count`: after the upload, run the background prompt token count and time it apart."""
     os.environ["BOARDWALK_DATA_DIR"] = str(data_dir)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     sys.path.insert(0, str(ROOT))
     import django
 

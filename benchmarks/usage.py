@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "boardwalk.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 GROUP = 500  # item attempts per usage_record call (the record stage writes ≤ 64)
 ORGS = 20

@@ -1,4 +1,4 @@
-"""Staff console pages. Each is wrapped by `admin.site.admin_view` (boardwalk/urls.py):
+"""Staff console pages. Each is wrapped by `admin.site.admin_view` (project/urls.py):
 active staff only, everyone else is sent to the admin login. Ids, counts and money only."""
 
 from __future__ import annotations

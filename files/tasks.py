@@ -1,7 +1,7 @@
 """Dramatiq actor for input files: takes an id, calls the service, safe to run twice.
 
 Queue "files": the prompt token count after an upload (files.counting). Its own queue, and its
-own worker thread in boardwalk.worker_runtime, so that a long count never holds up generation
+own worker thread in project.worker_runtime, so that a long count never holds up generation
 or finalization.
 """
 

@@ -8,11 +8,12 @@ from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.broker import send_after_commit
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest, MethodNotAllowed
+from boardwalk.http import openapi as oa
+from files import schemas
 from files.counting import file_count_on_upload
 from files.multipart import MultipartError, multipart_boundary
 from files.ranges import not_modified, requested_range
@@ -55,9 +56,9 @@ class FileCollectionView(APIView):
         )
 
     @oa.operation(
-        oa.FILE,
+        schemas.FILE,
         errors=(409, 413, 415, 429),
-        request={"multipart/form-data": oa.FILE_UPLOAD},
+        request={"multipart/form-data": schemas.FILE_UPLOAD},
     )
     def post(self, request: Any) -> Response:
         # The body is read here, as it streams, not by DRF's parsers (request.data is unused).
@@ -126,7 +127,7 @@ def _content_length(meta: dict[str, Any]) -> int | None:
 class FileDetailView(APIView):
     scopes = {"GET": READ, "DELETE": WRITE}
 
-    @oa.operation(oa.FILE)
+    @oa.operation(schemas.FILE)
     def get(self, request: Any, file_id: str) -> Response:
         return Response(file_payload(file_get_for_org(org=request.user.org, file_id=file_id)))
 

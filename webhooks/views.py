@@ -5,10 +5,11 @@ from typing import Any
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from boardwalk import openapi as oa
 from boardwalk.auth import READ, WRITE
 from boardwalk.bodies import body_fields
-from boardwalk.pagination import parse_limit
+from boardwalk.http import openapi as oa
+from boardwalk.http.pagination import list_envelope, parse_limit
+from webhooks import schemas
 from webhooks.models import EVENT_TYPES
 from webhooks.selectors import webhook_endpoint_get_for_org, webhook_endpoints_page
 from webhooks.serializers import deleted_payload, endpoint_payload, endpoint_test_payload
@@ -31,7 +32,7 @@ class WebhookEndpointCollectionView(APIView):
     scopes = {"POST": WRITE, "GET": READ}
 
     @oa.operation(
-        oa.WEBHOOK_ENDPOINT_WITH_SECRET, errors=(409,), request=oa.WEBHOOK_ENDPOINT_CREATE
+        schemas.WEBHOOK_ENDPOINT_WITH_SECRET, errors=(409,), request=schemas.WEBHOOK_ENDPOINT_CREATE
     )
     def post(self, request: Any) -> Response:
         body = _body(request, UPDATABLE_FIELDS)
@@ -44,7 +45,7 @@ class WebhookEndpointCollectionView(APIView):
         return Response(endpoint_payload(endpoint, secret=secret))
 
     @oa.operation(
-        oa.list_of(oa.WEBHOOK_ENDPOINT),
+        oa.list_of(schemas.WEBHOOK_ENDPOINT),
         operation_id="webhook_endpoints_list",
         parameters=oa.PAGINATION,
     )
@@ -54,29 +55,20 @@ class WebhookEndpointCollectionView(APIView):
             limit=parse_limit(request.query_params.get("limit")),
             after=request.query_params.get("after"),
         )
-        data = [endpoint_payload(e) for e in endpoints]
-        return Response(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": has_more,
-            }
-        )
+        return Response(list_envelope([endpoint_payload(e) for e in endpoints], has_more=has_more))
 
 
 class WebhookEndpointDetailView(APIView):
     scopes = {"GET": READ, "POST": WRITE, "DELETE": WRITE}
 
-    @oa.operation(oa.WEBHOOK_ENDPOINT)
+    @oa.operation(schemas.WEBHOOK_ENDPOINT)
     def get(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         return Response(endpoint_payload(endpoint))
 
     @oa.operation(
-        oa.WEBHOOK_ENDPOINT,
-        request=oa.WEBHOOK_ENDPOINT_UPDATE,
+        schemas.WEBHOOK_ENDPOINT,
+        request=schemas.WEBHOOK_ENDPOINT_UPDATE,
         operation_id="webhook_endpoints_update",
     )
     def post(self, request: Any, endpoint_id: str) -> Response:
@@ -86,7 +78,7 @@ class WebhookEndpointDetailView(APIView):
             endpoint_payload(webhook_endpoint_update(endpoint=endpoint, changes=changes))
         )
 
-    @oa.operation(oa.WEBHOOK_ENDPOINT_DELETED)
+    @oa.operation(schemas.WEBHOOK_ENDPOINT_DELETED)
     def delete(self, request: Any, endpoint_id: str) -> Response:
         endpoint = webhook_endpoint_get_for_org(org=request.user.org, endpoint_id=endpoint_id)
         webhook_endpoint_delete(endpoint=endpoint)
@@ -97,8 +89,8 @@ class WebhookEndpointRotateSecretView(APIView):
     scopes = {"POST": WRITE}
 
     @oa.operation(
-        oa.WEBHOOK_ENDPOINT_WITH_SECRET,
-        request=oa.WEBHOOK_ROTATE_SECRET,
+        schemas.WEBHOOK_ENDPOINT_WITH_SECRET,
+        request=schemas.WEBHOOK_ROTATE_SECRET,
         operation_id="webhook_endpoints_rotate_secret",
     )
     def post(self, request: Any, endpoint_id: str) -> Response:
@@ -117,8 +109,8 @@ class WebhookEndpointTestView(APIView):
     scopes = {"POST": WRITE}
 
     @oa.operation(
-        oa.WEBHOOK_ENDPOINT_TEST_RESULT,
-        request=oa.WEBHOOK_TEST,
+        schemas.WEBHOOK_ENDPOINT_TEST_RESULT,
+        request=schemas.WEBHOOK_TEST,
         operation_id="webhook_endpoints_test",
     )
     def post(self, request: Any, endpoint_id: str) -> Response:
@@ -132,6 +124,6 @@ class WebhookEndpointTestView(APIView):
 class WebhookEventTypeListView(APIView):
     scopes = {"GET": READ}
 
-    @oa.operation(oa.WEBHOOK_EVENT_TYPE_LIST, operation_id="webhook_event_types_list")
+    @oa.operation(schemas.WEBHOOK_EVENT_TYPE_LIST, operation_id="webhook_event_types_list")
     def get(self, request: Any) -> Response:
-        return Response({"object": "list", "data": list(EVENT_TYPES)})
+        return Response(list_envelope(EVENT_TYPES))

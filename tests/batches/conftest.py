@@ -9,7 +9,7 @@ from batches.execution import serve_key
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
 from batches.queue import EngineKey
-from boardwalk.worker_runtime import WorkerRuntime
+from project.worker_runtime import WorkerRuntime
 from tests.conftest import Api, jsonl, request_line
 
 

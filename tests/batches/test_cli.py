@@ -38,7 +38,7 @@ def cli(
 ) -> subprocess.CompletedProcess:
     """`server` is the live server or a proxy in front of it (anything with a `url`)."""
     return subprocess.run(
-        [sys.executable, "-m", "boardwalk.cli", *args],
+        [sys.executable, "-m", "boardwalk_cli", *args],
         cwd=cwd,
         env=cli_env(server, key, **env),
         capture_output=True,
@@ -132,8 +132,11 @@ def ok(result: subprocess.CompletedProcess) -> dict[str, Any]:
 
 def test_the_cli_is_a_console_script_that_never_imports_django():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["boardwalk"] == "boardwalk.cli:main"
-    probe = "import sys, boardwalk.cli; assert not any(m.startswith('django') for m in sys.modules)"
+    assert scripts["boardwalk"] == "boardwalk_cli.main:main"
+    probe = (
+        "import sys, boardwalk_cli.main; "
+        "assert not any(m.startswith('django') for m in sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True, timeout=60)
 
 
@@ -532,7 +535,7 @@ def test_the_progress_line_names_the_batch_and_ctrl_c_exits_130(
         [
             sys.executable,
             "-m",
-            "boardwalk.cli",
+            "boardwalk_cli",
             "submit",
             str(path),
             "--wait",

@@ -22,12 +22,12 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from batches.models import Batch, BatchItem
-from boardwalk.worker_runtime import WorkerRuntime
 from inference import runtime
 from inference.engine.process import EngineProcess
 from inference.models import ModelRevision
 from inference.rendering import render_prompt
 from inference.runtime import engine_lock, tokenizer_for
+from project.worker_runtime import WorkerRuntime
 from tests.batches.conftest import rows, submit
 from tests.conftest import ROOT, Api, content_of, parse_jsonl, postgres_only, redis_only
 

@@ -24,7 +24,7 @@ def test_importing_the_web_url_conf_does_not_import_torch():
     env_probe = subprocess.run(
         [sys.executable, "-c", _PROBE],
         cwd=ROOT,
-        env={"DJANGO_SETTINGS_MODULE": "boardwalk.settings", "PATH": "/usr/bin:/bin"},
+        env={"DJANGO_SETTINGS_MODULE": "project.settings", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=300,

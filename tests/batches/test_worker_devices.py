@@ -8,7 +8,7 @@ import torch
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from boardwalk.worker_supervisor import devices_parse
+from project.worker_supervisor import devices_parse
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without GPUs")
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from django.db import OperationalError
 
-from boardwalk.worker_runtime import COUNT_QUEUES, WorkerRuntime
 from files.counting import file_count_prompt_tokens
 from files.models import File
 from files.services import file_shred
 from files.tasks import file_count_tokens
+from project.worker_runtime import COUNT_QUEUES, WorkerRuntime
 from tests.batches.test_create import create
 from tests.conftest import Api, jsonl, request_line
 

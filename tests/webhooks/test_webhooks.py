@@ -19,7 +19,7 @@ from standardwebhooks import Webhook
 from batches.lifecycle import batch_finalize
 from boardwalk import clock
 from boardwalk.models import MetricCounter
-from boardwalk.worker_runtime import WorkerRuntime
+from project.worker_runtime import WorkerRuntime
 from tests.conftest import Api, Tenant
 from tests.webhooks.conftest import ALL_TYPES, cancelled_batch, deliver_due, register
 from tests.webhooks.receiver import Receiver, free_port

@@ -13,7 +13,7 @@ the body.
 - A declared length over DATA_UPLOAD_MAX_MEMORY_SIZE answers 413 before a byte of the body is
   read, except for views that stream their body and enforce their own limit
   (`reads_own_body = True`, e.g. POST /v1/files).
-- A body the client sends too slowly (boardwalk.server.BoundedSocket raises TimeoutError
+- A body the client sends too slowly (project.server.BoundedSocket raises TimeoutError
   from the read) answers 408 instead of a 500.
 """
 

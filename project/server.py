@@ -15,7 +15,7 @@ threads for good, and every other request waits behind them (issue 7).
    `read_timeout` seconds, and once that much time has passed the body must have arrived at
    `min_body_rate` bytes a second on average; a write may stall for `read_timeout` seconds at
    most. A stalled or trickling upload therefore gives its thread back within a bounded time,
-   by a TimeoutError that `boardwalk.middleware` answers with 408.
+   by a TimeoutError that `boardwalk.http.middleware` answers with 408.
 
 Connections per process are capped by gunicorn's `worker_connections`.
 """

@@ -3,7 +3,7 @@
 from django.urls import path
 
 from batches import views as batches
-from boardwalk.openapi import OpenApiView
+from boardwalk.http.openapi import OpenApiView
 from files import views as files
 from inference import views as inference
 from webhooks import views as webhooks

@@ -1,6 +1,6 @@
 """Serve the API with gunicorn; on the embedded default, run the worker in-process too.
 
-The worker class is `boardwalk.server.BoundedThreadWorker`: gunicorn's threaded worker with
+The worker class is `project.server.BoundedThreadWorker`: gunicorn's threaded worker with
 request heads read on the event loop and every body read bounded in time, so slow or idle
 clients cannot hold the threads other requests need (docs/DEPLOYMENT.md).
 """
@@ -23,13 +23,13 @@ class _Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        from boardwalk.wsgi import application
+        from project.wsgi import application
 
         return application
 
 
 def _start_embedded_worker(worker) -> None:
-    from boardwalk.worker_runtime import WorkerRuntime
+    from project.worker_runtime import WorkerRuntime
 
     worker.boardwalk_runtime = WorkerRuntime().start()
 
@@ -51,7 +51,7 @@ class Command(BaseCommand):
             # Embedded: one process, so the in-process worker and SQLite have a single owner.
             "workers": 1 if embedded else (workers or env_int("BOARDWALK_WEB_PROCESSES", 2)),
             "threads": threads or settings.HTTP_THREADS,
-            "worker_class": "boardwalk.server.BoundedThreadWorker",
+            "worker_class": "project.server.BoundedThreadWorker",
             # Connections a process holds at once (heads being read, requests, keep-alive);
             # beyond it, new ones wait in the listen backlog.
             "worker_connections": settings.HTTP_MAX_CONNECTIONS,

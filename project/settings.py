@@ -79,12 +79,13 @@ INSTALLED_APPS = [
     "batches",
     "webhooks",
     "console",
+    "project",  # the wiring's commands: serve, run_worker, bootstrap_demo
 ]
 
 MIDDLEWARE = [
-    "boardwalk.middleware.RequestIdMiddleware",
+    "boardwalk.http.middleware.RequestIdMiddleware",
     # Then: refuses oversized or chunked bodies before anything reads them.
-    "boardwalk.middleware.RequestLimitsMiddleware",
+    "boardwalk.http.middleware.RequestLimitsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's CSS, the usage dashboard's Chart.js) from the app server.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -96,8 +97,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "boardwalk.urls"
-WSGI_APPLICATION = "boardwalk.wsgi.application"
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
 APPEND_SLASH = False
 
 TEMPLATES = [
@@ -280,7 +281,7 @@ MEDIA_MAX_PIXELS = env_int("BOARDWALK_MEDIA_MAX_PIXELS", 25_000_000)
 MEDIA_FETCH_TIMEOUT_SECONDS = env_float("BOARDWALK_MEDIA_FETCH_TIMEOUT_SECONDS", 10.0)
 MEDIA_FETCH_THREADS = env_int("BOARDWALK_MEDIA_FETCH_THREADS", 8)
 
-# The web server (`manage.py serve`, boardwalk/server.py): every read from a client is bounded.
+# The web server (`manage.py serve`, project/server.py): every read from a client is bounded.
 HTTP_THREADS = env_int("BOARDWALK_HTTP_THREADS", 32)
 HTTP_MAX_CONNECTIONS = env_int("BOARDWALK_HTTP_MAX_CONNECTIONS", 1000)
 # Seconds a client has to send the request line and headers, all of them.
@@ -309,8 +310,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["boardwalk.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["boardwalk.auth.HasDeclaredScope"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["boardwalk.parsers.BoundedJSONParser"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.negotiation.LenientContentNegotiation",
+    "DEFAULT_PARSER_CLASSES": ["boardwalk.http.parsers.BoundedJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "boardwalk.http.negotiation.LenientContentNegotiation",
     "EXCEPTION_HANDLER": "boardwalk.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

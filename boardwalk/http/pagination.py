@@ -1,6 +1,10 @@
-"""List parameters every list endpoint shares (`limit`, as /v1/openapi.json describes it)."""
+"""What every list endpoint shares: the `limit` parameter (as /v1/openapi.json describes it)
+and the list object it answers."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import InvalidRequest
@@ -30,3 +34,14 @@ def parse_limit(raw: str | None) -> int:
             param="limit",
         )
     return limit
+
+
+def list_envelope(data: Sequence[Any], *, has_more: bool | None = None) -> dict[str, Any]:
+    """The list object: `object` and `data`; a page of resources (`has_more` given) adds the
+    cursor fields a client pages on (`first_id`, `last_id`: the ids at its two ends)."""
+    envelope: dict[str, Any] = {"object": "list", "data": list(data)}
+    if has_more is not None:
+        envelope["first_id"] = data[0]["id"] if data else None
+        envelope["last_id"] = data[-1]["id"] if data else None
+        envelope["has_more"] = has_more
+    return envelope

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from boardwalk.views import healthz, metrics_view, readyz
+from project.views import healthz, metrics_view, readyz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -10,7 +10,7 @@ urlpatterns = [
     # The staff console's own pages first: the admin's catch-all would answer them 404.
     path("admin/", include("console.urls")),
     path("admin/", admin.site.urls),
-    path("v1/", include("boardwalk.api_urls")),
+    path("v1/", include("project.api_urls")),
 ]
 
 handler400 = "boardwalk.errors.handler400"

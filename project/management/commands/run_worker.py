@@ -1,7 +1,7 @@
 """Start a production worker process: Dramatiq on the Redis broker, plus the sweeper.
 
 `--device D` pins this process's engines to one device (one worker per GPU); `--devices
-all|LIST` starts and supervises one such process per device (boardwalk.worker_supervisor).
+all|LIST` starts and supervises one such process per device (project.worker_supervisor).
 """
 
 import signal
@@ -10,7 +10,7 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from boardwalk.worker_supervisor import DeviceError, Supervisor, device_check, devices_parse
+from project.worker_supervisor import DeviceError, Supervisor, device_check, devices_parse
 
 
 class Command(BaseCommand):
@@ -57,7 +57,7 @@ class Command(BaseCommand):
         if chosen:
             settings.ENGINE_DEVICE = chosen
         # Imported here: the supervisor above never loads the worker runtime.
-        from boardwalk.worker_runtime import WorkerRuntime
+        from project.worker_runtime import WorkerRuntime
 
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

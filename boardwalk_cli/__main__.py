@@ -1,0 +1,5 @@
+import sys
+
+from boardwalk_cli.main import main
+
+sys.exit(main())
