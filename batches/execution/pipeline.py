@@ -17,6 +17,7 @@ from typing import Any
 
 from batches.execution.finalizer import Finalizer
 from batches.execution.run import Run
+from batches.interactive.messages import requests_waiting
 from batches.lifecycle import batch_fail
 from batches.models import Batch
 from batches.queue import EngineKey, key_has_claimable_items
@@ -46,9 +47,14 @@ def serve_wake(
     wake: Callable[[], None],
     finalize: Callable[[str], None],
     finalize_later: Callable[[str], None],
+    wake_interactive: Callable[[], None] | None = None,
 ) -> None:
     """What a wake-up for `key` does: serve it for up to `budget_seconds`, then `wake`
     again if work remains (the budget ran out: the run continues in a new message).
+
+    With `wake_interactive`, the wake-up is for the key's interactive requests
+    (batches.interactive): the run starts for them even with no claimable item, serves batch
+    rows beside them, and `wake_interactive` is sent again if requests still wait after it.
 
     `wake` is also called for every full claim group, so that idle workers join in. Each
     batch the run finishes is finalized here as soon as its last result is recorded, not
@@ -58,7 +64,8 @@ def serve_wake(
     # Most wake-ups find their work taken: a run sends one per full claim group so that idle
     # workers join in, and the run itself claims the rest. Such a wake-up costs this one
     # existence query, not a finalizer thread and a second query after it.
-    if not key_has_claimable_items(key):
+    interactive = wake_interactive is not None
+    if not (requests_waiting(key) if interactive else key_has_claimable_items(key)):
         return
     finalizer = Finalizer(not_ready=finalize_later, failed=finalize)
     try:
@@ -66,6 +73,7 @@ def serve_wake(
             key,
             budget_seconds=budget_seconds,
             threaded=True,
+            interactive=interactive,
             on_batch_done=finalizer.submit,
             on_more_work=wake,
         )
@@ -75,6 +83,8 @@ def serve_wake(
         finalizer.close()
     if key_has_claimable_items(key):
         wake()
+    if wake_interactive is not None and requests_waiting(key):
+        wake_interactive()
 
 
 def serve_key(

@@ -14,12 +14,18 @@ from typing import Any
 import orjson
 
 from batches.queue import EngineKey
+from boardwalk.channels import channels
 
 REQUEST_PREFIX = "ia:"  # GenerationRequest ids of interactive requests start with this
 
 
 def request_channel(key: EngineKey) -> str:
     return f"interactive:requests:{key.revision_id}:{key.deployment_id}"
+
+
+def requests_waiting(key: EngineKey) -> bool:
+    """Whether interactive requests of `key` wait for a worker to take them."""
+    return channels().length(request_channel(key)) > 0
 
 
 def reply_channel(request_id: str) -> str:
