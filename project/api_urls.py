@@ -3,6 +3,7 @@
 from django.urls import path
 
 from batches import views as batches
+from batches.interactive import views as interactive
 from boardwalk.http.openapi import OpenApiView
 from files import views as files
 from inference import views as inference
@@ -13,6 +14,7 @@ urlpatterns = [
     path("files", files.FileCollectionView.as_view(), name="files"),
     path("files/<str:file_id>", files.FileDetailView.as_view(), name="file"),
     path("files/<str:file_id>/content", files.FileContentView.as_view(), name="file-content"),
+    path("chat/completions", interactive.ChatCompletionsView.as_view(), name="chat-completions"),
     path("batches", batches.BatchCollectionView.as_view(), name="batches"),
     path("batches/estimate", batches.BatchEstimateView.as_view(), name="batch-estimate"),
     path("batches/<str:batch_id>", batches.BatchDetailView.as_view(), name="batch"),
