@@ -1,6 +1,7 @@
 """Periodic housekeeping: the database, not the broker, is the source of truth for work.
 
-One pass returns expired leases, expires overdue batches, re-drives finalization that a lost
+One pass returns expired leases (and the credit holds of interactive requests that no worker
+settled, batches.interactive.orphans), expires overdue batches, re-drives finalization that a lost
 message or a crash left behind, shreds files past retention, and reports which engine keys
 still have claimable items so the caller can wake them. Every step is idempotent; any
 number of processes may sweep, and `only` runs a subset (`manage.py sweep --only ...`).
@@ -12,6 +13,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from batches.interactive.orphans import orphaned_holds_release
 from batches.lifecycle import (
     batch_expire,
     batch_mark_complete_if_done,
@@ -33,6 +35,7 @@ SWEEP_KINDS = (LEASES, EXPIRY, FINALIZE, RETENTION)
 class SweepReport:
     requeued: int = 0
     failed: int = 0
+    holds_released: int = 0
     expired: list[str] = field(default_factory=list)
     to_finalize: list[str] = field(default_factory=list)
     to_wake: set[EngineKey] = field(default_factory=set)
@@ -52,6 +55,7 @@ def sweep_work(*, only: Collection[str] = SWEEP_KINDS) -> SweepReport:
         report.requeued, report.failed = leases_recover()
         counter_inc("boardwalk_lease_recoveries_total", {"outcome": "requeued"}, by=report.requeued)
         counter_inc("boardwalk_lease_recoveries_total", {"outcome": "failed"}, by=report.failed)
+        report.holds_released = orphaned_holds_release()
     if EXPIRY in only:
         for batch in Batch.objects.overdue():
             if batch_expire(batch=batch):

@@ -1,8 +1,14 @@
 """Per-organization interactive limits: requests in flight, and tokens started per minute.
 
 Counters live in the channels (boardwalk.channels: Redis in production, so every web process
-counts against the same limit), each with a time to live, so a process that died holding a
-slot frees it by expiry. Answers carry OpenAI's `x-ratelimit-*` headers.
+counts against the same limit), each with a time to live. Answers carry OpenAI's
+`x-ratelimit-*` headers.
+
+A web process that dies holding a slot never gives it back, and an org's busy counter would
+never expire. So slots are counted per epoch of `_slot_ttl()` seconds (longer than any request
+lives): a request takes its slot in the current epoch's counter and gives it back there, and
+the requests in flight are the current epoch's plus the last one's. A slot that was never
+given back stops counting two epochs after it was taken, however busy the organization.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from boardwalk.errors import CapacityExceeded
 WINDOW_SECONDS = 60
 
 
-def _concurrent_key(org_id: str) -> str:
-    return f"interactive:concurrent:{org_id}"
+def _concurrent_key(org_id: str, epoch: int) -> str:
+    return f"interactive:concurrent:{org_id}:{epoch}"
 
 
 def _tokens_key(org_id: str, window: int) -> str:
@@ -32,29 +38,41 @@ class Admission:
 
     org_id: str
     headers: dict[str, str]
+    epoch: int = 0  # the slot's epoch (see the module's doc)
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            channels().add(_concurrent_key(self.org_id), -1, ttl=_slot_ttl())
+            _slot_add(self.org_id, self.epoch, -1)
 
 
 def _slot_ttl() -> float:
+    """Longer than a request lives: its wait for a worker, its run, and a margin."""
     return setting("INTERACTIVE_TIMEOUT_SECONDS") + setting("INTERACTIVE_QUEUE_SECONDS") + 60
 
 
-def admit(*, org_id: str, tokens: int) -> Admission:
-    """Take a concurrency slot and `tokens` of this minute's budget, or raise 429."""
+def _slot_add(org_id: str, epoch: int, delta: int) -> int:
+    """Add `delta` to the epoch's slots; the requests in flight, this epoch's and the last's."""
+    ch = channels()
+    ttl = 2 * _slot_ttl()  # read while its epoch and the next last
+    taken = ch.add(_concurrent_key(org_id, epoch), delta, ttl=ttl)
+    return taken + ch.add(_concurrent_key(org_id, epoch - 1), 0, ttl=ttl)
+
+
+def admit(*, org_id: str, tokens: int, now: float | None = None) -> Admission:
+    """Take a concurrency slot and `tokens` of this minute's budget, or raise 429. `now`
+    (epoch seconds) is the current time's stand-in in tests."""
     ch = channels()
     max_requests = setting("INTERACTIVE_MAX_CONCURRENT")
     max_tokens = setting("INTERACTIVE_TOKENS_PER_MINUTE")
-    now = time.time()
+    now = time.time() if now is None else now
     window = int(now // WINDOW_SECONDS)
     reset_tokens = max(1, int((window + 1) * WINDOW_SECONDS - now + 0.999))
-    in_flight = ch.add(_concurrent_key(org_id), 1, ttl=_slot_ttl())
+    epoch = int(now // _slot_ttl())
+    in_flight = _slot_add(org_id, epoch, 1)
     if in_flight > max_requests:
-        ch.add(_concurrent_key(org_id), -1, ttl=_slot_ttl())
+        _slot_add(org_id, epoch, -1)
         used = ch.add(_tokens_key(org_id, window), 0, ttl=2 * WINDOW_SECONDS)
         raise CapacityExceeded(
             f"Too many interactive requests in flight: your organization's limit is "
@@ -66,7 +84,7 @@ def admit(*, org_id: str, tokens: int) -> Admission:
     used = ch.add(_tokens_key(org_id, window), tokens, ttl=2 * WINDOW_SECONDS)
     if used > max_tokens:
         ch.add(_tokens_key(org_id, window), -tokens, ttl=2 * WINDOW_SECONDS)
-        ch.add(_concurrent_key(org_id), -1, ttl=_slot_ttl())
+        _slot_add(org_id, epoch, -1)
         never = tokens > max_tokens  # this request alone is over the limit: retrying is vain
         raise CapacityExceeded(
             f"This request needs {tokens} tokens (prompt + max output) and your organization "
@@ -94,6 +112,7 @@ def admit(*, org_id: str, tokens: int) -> Admission:
             reset_tokens,
             "0s",
         ),
+        epoch,
     )
 
 

@@ -1,0 +1,65 @@
+"""Credit holds that no worker settled: the sweeper gives them back.
+
+An interactive request's hold (`hold:req_…`) is released where it ran (batches.interactive.
+settle) or, when no worker took it, by the web tier (service.interactive_abandon). A worker
+or web process that died mid-request does neither, and the hold would keep the credit from
+the organization for good. Once the request's reply deadline has passed (its wait for a
+worker, its run, and a margin), nothing can settle it any more on its own: the sweep appends
+its release, an entry like any other, never a delete. The ledger's keys make it once only,
+and a request settled meanwhile (its `release:` entry written) is left alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db.models import Exists, OuterRef
+
+from batches.interactive.config import setting
+from billing.models import LedgerEntry
+from billing.services import credit_settle
+from boardwalk import clock
+
+logger = logging.getLogger(__name__)
+
+MARGIN_SECONDS = 60  # past the reply deadline, so a settle on its way lands first
+BATCH_SIZE = 500  # holds released per sweep at most (the next sweep takes the rest)
+
+
+def orphan_cutoff() -> dt.datetime:
+    """Holds taken before this belong to requests that can no longer finish."""
+    lifetime = setting("INTERACTIVE_QUEUE_SECONDS") + setting("INTERACTIVE_TIMEOUT_SECONDS")
+    return clock.now() - dt.timedelta(seconds=lifetime + MARGIN_SECONDS)
+
+
+def orphaned_holds_release() -> int:
+    """Release the holds of interactive requests that no one settled by their deadline;
+    returns how many it found (one settled in the meantime keeps its own release)."""
+    released = LedgerEntry.objects.filter(
+        batch_id=OuterRef("batch_id"), kind=LedgerEntry.Kind.RELEASE
+    )
+    orphans = (
+        LedgerEntry.objects.filter(
+            kind=LedgerEntry.Kind.HOLD,
+            batch_id__startswith="req_",  # interactive requests' ids; batches' are batch_…
+            created_at__lt=orphan_cutoff(),
+        )
+        .exclude(Exists(released))
+        .order_by("created_at")
+        .values_list("org_id", "batch_id")[:BATCH_SIZE]
+    )
+    count = 0
+    for org_id, request_id in list(orphans):
+        # Nothing ran to bill: the release alone (revision only names a charge's spend).
+        credit_settle(
+            org_id=org_id,
+            batch_id=request_id,
+            charge_microusd=0,
+            revision_id="",
+            usage_class="interactive",
+        )
+        count += 1
+    if count:
+        logger.warning("released %d interactive holds that no worker settled", count)
+    return count
