@@ -3,7 +3,7 @@
 gunicorn's `gthread` worker hands a connection to a thread as soon as it has sent a byte, and
 the thread then blocks until the request line and headers are complete, and later until the
 body is; neither has a time limit. Ten clients that send half a header and go silent hold ten
-threads for good, and every other request waits behind them (issue 7).
+threads for good, and every other request waits behind them.
 
 `BoundedThreadWorker` changes two things:
 

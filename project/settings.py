@@ -27,7 +27,7 @@ DATA_DIR = env_path("BOARDWALK_DATA_DIR", BASE_DIR / "var")
 
 # Any production service configured means production: then secrets must come from the
 # environment. Inventing them per machine (or per container start) would make files
-# unreadable on the other machines and API keys invalid (issue 7).
+# unreadable on the other machines and API keys invalid.
 PRODUCTION = bool(env_str("DATABASE_URL") or env_str("REDIS_URL") or env_str("BOARDWALK_S3_BUCKET"))
 _embedded_secrets = None
 _missing_secrets: list[str] = []

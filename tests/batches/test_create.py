@@ -151,7 +151,7 @@ def test_key_still_in_progress_is_409_in_use_with_retry_after(
 def test_key_of_a_request_that_died_is_taken_over_at_once(
     api: Api, tenant: Tenant, uploaded: dict, settings
 ):
-    """Issue 7 item 7: a web process killed mid-create blocked its key for 10 minutes."""
+    """Before the fix: a web process killed mid-create blocked its key for 10 minutes."""
     from batches.idempotency import request_hash
 
     settings.IDEMPOTENCY_WAIT_SECONDS = 0  # no waiting: the dead owner is recognised at once

@@ -1,4 +1,4 @@
-"""The execution pipeline (issue 6) and worker liveness (issue 7): containment, bounded
+"""The execution pipeline and worker liveness: containment, bounded
 attempts, fairness between organizations, tenant-scoped prefix reuse, fencing, recovery."""
 
 from __future__ import annotations

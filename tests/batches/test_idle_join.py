@@ -1,4 +1,4 @@
-"""An idle worker process joins the work that waits (issue 29, item 5): its liveness beat
+"""An idle worker process joins the work that waits: its liveness beat
 asks for one wake-up per engine key with claimable items, and a busy process asks for none.
 The two-process behaviour (both workers take part, a kill is taken over within seconds) is
 the fault suite's `test_an_idle_worker_joins_waiting_work_and_takes_over_a_killed_one`."""

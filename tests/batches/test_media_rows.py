@@ -1,4 +1,4 @@
-"""Image and audio rows end to end on the tiny multimodal models (SPEC §4.1, §6, §9, issue 10):
+"""Image and audio rows end to end on the tiny multimodal models (SPEC §4.1, §6, §9):
 upload → batch → worker (real processor, encoder and model) → output and error files."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Prompt tokens are counted at the upload (issue 6, item 3; here as a worker counts a file
-too large to count inside its upload, UPLOAD_COUNT_INLINE_BYTES = 0): acceptance and
+"""Prompt tokens are counted at the upload (here as a worker counts a file too large to count
+inside its upload, UPLOAD_COUNT_INLINE_BYTES = 0): acceptance and
 estimate read the counts from the File row, and count again only when the pinned revision is
 not the one counted for, or when there are no counts (not counted yet, or the count failed)."""
 
@@ -199,7 +199,7 @@ def test_create_before_the_count_has_run_counts_itself(
 def test_a_prompt_longer_than_the_context_counts_one_over_and_fails_before_the_engine(
     api: Api, catalog_model, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 29: a prompt whose text surely holds more tokens than the context is counted as
+    """A prompt whose text surely holds more tokens than the context is counted as
     context + 1 (never tokenized), held for that, and failed by the worker, uncharged."""
     from tests.batches.conftest import finalize, run_worker
 

@@ -1,5 +1,5 @@
 """Work of stopped batches (cancelled, expired): it leaves the queue, and what is charged has
-a receipt (issue 29, items 1 and 6)."""
+a receipt."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The web tier never imports torch or the engine (issue 6): acceptance is database work."""
+"""The web tier never imports torch or the engine: acceptance is database work."""
 
 from __future__ import annotations
 

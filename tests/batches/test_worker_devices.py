@@ -1,5 +1,5 @@
 """`run_worker --device/--devices` refuse devices the machine does not have, before anything
-starts (issue 28, item 2). The supervisor itself runs in the fault suite (real processes)."""
+starts. The supervisor itself runs in the fault suite (real processes)."""
 
 from __future__ import annotations
 

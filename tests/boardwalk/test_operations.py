@@ -1,4 +1,4 @@
-"""/readyz and /metrics (issue 7, 'Operations')."""
+"""/readyz and /metrics."""
 
 from __future__ import annotations
 

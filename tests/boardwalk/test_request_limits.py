@@ -1,4 +1,4 @@
-"""Bounded request parsing (issue 7): body size, chunked bodies, nesting, 401 challenge,
+"""Bounded request parsing: body size, chunked bodies, nesting, 401 challenge,
 Idempotency-Key bytes. Each sends the bad thing and checks that nothing was created."""
 
 from __future__ import annotations

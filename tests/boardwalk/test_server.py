@@ -1,4 +1,4 @@
-"""The server `manage.py serve` starts (issue 7, item 1): slow or idle clients cannot hold
+"""The server `manage.py serve` starts: slow or idle clients cannot hold
 the threads that other requests need. A real server process on loopback, with short limits
 and a pool of only 4 threads, so a stalled client per thread would block everyone."""
 

@@ -1,6 +1,6 @@
 """`run_worker --devices LIST`: one worker process per device, each reporting its device; a
-child killed is started again, and stopping the supervisor stops every child (issue 28, item
-2). Real processes on PostgreSQL and a private Redis, two CPU "devices" standing in for GPUs."""
+child killed is started again, and stopping the supervisor stops every child.
+Real processes on PostgreSQL and a private Redis, two CPU "devices" standing in for GPUs."""
 
 from __future__ import annotations
 

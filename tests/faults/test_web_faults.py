@@ -1,5 +1,5 @@
 """The web process under faults: Redis down, database connections killed, the process killed
-mid-upload and mid-create (issue 7 items 7, 9 and 10)."""
+mid-upload and mid-create."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _envelope_503(status: int, headers: dict[str, str], body: Any) -> None:
 def test_api_answers_503_in_the_envelope_when_its_database_connection_was_killed(
     api: Api, catalog_model
 ):
-    """Issue 7 item 10: a killed connection answered 500 (the SDK then retried blindly)."""
+    """Before the fix: a killed connection answered 500 (the SDK then retried blindly)."""
     assert api.get("/v1/batches").status_code == 200
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
@@ -81,7 +81,7 @@ def test_server_replaces_connections_the_database_dropped(stack: Stack, catalog_
 def test_create_answers_200_while_redis_is_down_and_the_sweeper_wakes_the_work(
     stack: Stack, catalog_model, scenario
 ):
-    """Issue 7 item 9: the batch and its hold were committed but the answer was 500."""
+    """Before the fix: the batch and its hold were committed but the answer was 500."""
     tenant = make_tenant("faults")
     stack.web_with()
     stack.workers({})
@@ -145,7 +145,7 @@ def test_web_killed_mid_upload_then_the_upload_retried(stack: Stack, catalog_mod
 def test_web_killed_mid_create_then_the_same_key_retried(
     stack: Stack, catalog_model, scenario, point: str
 ):
-    """Issue 7 item 7: the retry got 409 idempotency_key_in_use for 10 minutes."""
+    """Before the fix: the retry got 409 idempotency_key_in_use for 10 minutes."""
     tenant = make_tenant("faults")
     web = stack.web_with(BOARDWALK_TEST_FAULT_POINT=point)
     client = Http(stack.web_port, tenant.write_key)

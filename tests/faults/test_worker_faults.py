@@ -1,4 +1,4 @@
-"""Worker processes under faults (issue 7, "What to build" 5): kill -9 at random moments,
+"""Worker processes under faults: kill -9 at random moments,
 paused past the lease, Redis restarted, database sessions killed during claims and
 finalization, a worker frozen inside a transaction. Written against what is visible from
 outside (processes, the API, the rows), not against the worker's internals."""

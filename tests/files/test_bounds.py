@@ -1,4 +1,4 @@
-"""Bounded parsing of uploads and content requests (issue 7): problem counts, values per
+"""Bounded parsing of uploads and content requests: problem counts, values per
 line, duplicate keys, nesting, huge Range numbers, conditional requests, short bodies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory for one large prompt (issue 29 item 2), measured in a fresh process.
+"""Memory for one large prompt, measured in a fresh process.
 
 benchmarks/large_prompt.py runs the server's steps on the largest line accepted (20 MiB, one
 user message) — upload, the background count, acceptance counting it again, the worker's run

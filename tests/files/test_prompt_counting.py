@@ -1,4 +1,4 @@
-"""Prompt tokens are counted at the upload (issue 6, item 3): a small file inside the upload's
+"""Prompt tokens are counted at the upload: a small file inside the upload's
 request (files.counting.file_count_on_upload), a larger one by a worker after it
 (files.counting.file_count_prompt_tokens and its actor files.tasks.file_count_tokens)."""
 

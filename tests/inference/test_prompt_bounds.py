@@ -1,4 +1,4 @@
-"""Prompts surely longer than the context, found without tokenizing (issue 29 item 2):
+"""Prompts surely longer than the context, found without tokenizing:
 inference.prompt_bounds. A rendered prompt of more than context_length * chars_per_token
 characters holds more than context_length tokens; every shorter one is counted exactly."""
 
