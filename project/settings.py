@@ -249,8 +249,8 @@ ITEM_MAX_ATTEMPTS = env_int("BOARDWALK_ITEM_MAX_ATTEMPTS", 3)
 # WORKER_DEAD_AFTER_SECONDS is dead and the others free its leases at once, so recovery
 # after a crash takes seconds while item leases stay long (batches.liveness).
 # One beat a second: on PostgreSQL a killed process is judged dead 2.5 beats after its last
-# stamp, so the beat sets how soon its items run again (benchmarks/scale.py: 4.4 s at 2 s,
-# 2.5 s at 1 s). A beat is one row update and one recovery query per process.
+# stamp, so the beat sets how soon its items run again (docs/PERFORMANCE.md, "Worker pipeline
+# and scale-out"). A beat is one row update and one recovery query per process.
 WORKER_HEARTBEAT_SECONDS = env_int("BOARDWALK_WORKER_HEARTBEAT_SECONDS", 1)
 WORKER_DEAD_AFTER_SECONDS = env_int("BOARDWALK_WORKER_DEAD_AFTER_SECONDS", 8)
 # The execution pipeline (batches.execution): items leased per claim query, and how many
@@ -302,8 +302,8 @@ TEST_FAULT_POINT = env_str("BOARDWALK_TEST_FAULT_POINT")
 FILE_UPLOAD_HANDLERS = ["files.upload.RefuseFileUploads"]
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 # Input files up to this size have their prompt tokens counted inside the upload's request
-# (~0.15 s per 256 KiB here), so a create that follows at once finds them; larger ones are
-# counted by a worker after the upload (files.counting). 0: always by a worker.
+# (a fraction of a second at this size), so a create that follows at once finds them;
+# larger ones are counted by a worker after the upload (files.counting). 0: always by a worker.
 UPLOAD_COUNT_INLINE_BYTES = env_int("BOARDWALK_UPLOAD_COUNT_INLINE_BYTES", 256 * 1024)
 
 REST_FRAMEWORK = {

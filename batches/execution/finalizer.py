@@ -56,7 +56,7 @@ class Finalizer:
     def _run(self) -> None:
         try:
             # Connect now, while the run generates, not after the batch's last result (a new
-            # PostgreSQL connection took ~10 ms before the first statement could run).
+            # PostgreSQL connection must be set up before the first statement can run).
             with contextlib.suppress(DatabaseError):
                 connection.ensure_connection()
             while (batch_id := self._queue.get()) is not None:

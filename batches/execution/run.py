@@ -218,7 +218,7 @@ class Run:
             put_first=ahead.put_first,
         ).start()
         # The first group is claimed here, on this thread's open connection: on the prepare
-        # thread's new one (PostgreSQL) the engine's first requests waited ~10 ms longer.
+        # thread's new one (PostgreSQL) the engine's first requests would wait for its set-up.
         try:
             first: Any = self._next_group(ahead.maxsize)
         except Exception as exc:
