@@ -3,7 +3,8 @@
 It keeps the real engine's contract (continuous batching up to `max_batch_size`, results as
 they finish, `aborted` polled, busy-time shares) but each step sleeps instead of running a
 model, so a benchmark built on it measures coordination — claims, leases, records — rather
-than the CPU. It always generates exactly `max_new_tokens` (token id 0) per choice.
+than the CPU. It always generates exactly `max_new_tokens` (token id 0, text "ok ") per
+choice, and a streaming request's choices yield each step's text as a `PartialResult`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from inference.engine.types import (
     Choice,
     GenerationRequest,
     GenerationResult,
+    PartialResult,
 )
+
+WORD = "ok "  # what each generated token reads as
 
 
 class FakeEngine:
@@ -53,7 +57,7 @@ class FakeEngine:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[GenerationResult]:
+    ) -> Iterator[Any]:  # GenerationResults and PartialResults (the protocol names the first)
         source = iter(requests)
         rows: dict[str, list[Any]] = {}  # id → [request, tokens so far, busy seconds]
         exhausted = False
@@ -88,6 +92,9 @@ class FakeEngine:
                 row = rows[rid]
                 row[1] += 1
                 row[2] += share
+                if row[0].stream:
+                    for index in range(row[0].params.n):
+                        yield PartialResult(rid, index, WORD)
                 if row[1] >= row[0].params.max_new_tokens:
                     del rows[rid]
                     yield _result(row[0], row[1], row[2])
@@ -104,7 +111,7 @@ def _result(
     choices = []
     if not aborted and not error:
         choices = [
-            Choice(index=i, token_ids=[0] * made, text="ok " * made, finish_reason=FINISH_LENGTH)
+            Choice(index=i, token_ids=[0] * made, text=WORD * made, finish_reason=FINISH_LENGTH)
             for i in range(request.params.n)
         ]
     return GenerationResult(

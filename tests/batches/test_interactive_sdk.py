@@ -4,7 +4,9 @@ request runs on the in-process worker's engine, plain, streamed, structured and 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
+from typing import Any
 
 import httpx2
 import openai
@@ -14,6 +16,9 @@ from openai import OpenAI
 from billing.models import LedgerEntry, UsageEvent
 from billing.selectors import credit_for_org
 from boardwalk.services import api_key_create
+from inference import runtime
+from inference.demo.fake_engine import WORD, FakeEngine
+from inference.engine.types import GenerationResult
 from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
 from tests.conftest import Tenant
 
@@ -212,3 +217,77 @@ def test_concurrency_limit_is_429_with_ratelimit_headers(client, priced, tenant,
     assert headers["x-ratelimit-remaining-requests"] == "0"
     assert "x-ratelimit-remaining-tokens" in headers
     assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
+
+
+class RecordingFake(FakeEngine):
+    """The fake engine, recording the ids it was told to abort and the rows it freed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.told: set[str] = set()
+        self.freed: list[str] = []
+
+    def generate(self, requests: Any, *, aborted: Any = None) -> Iterator[Any]:
+        def asked() -> Collection[str]:
+            ids = set(aborted()) if aborted is not None else set()
+            self.told |= ids
+            return ids
+
+        for result in super().generate(requests, aborted=asked):
+            if isinstance(result, GenerationResult) and result.aborted:
+                self.freed.append(result.id)
+            yield result
+
+
+@pytest.fixture
+def fake_engine(priced) -> Iterator[RecordingFake]:
+    revision = priced.revision
+    real = runtime.engine_for(revision)
+    fake = RecordingFake(
+        real.tokenizer,
+        context_length=revision.context_length,
+        max_batch_size=4,
+        step_seconds=0.02,
+        abort_poll_seconds=0.04,
+    )
+    runtime._engines[revision.id] = fake
+    yield fake
+    runtime._engines[revision.id] = real
+
+
+def test_partial_text_streams_in_deltas_that_make_the_final_text(
+    client, fake_engine, in_process_worker
+):
+    plain = client.chat.completions.create(
+        model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=5
+    )
+    stream = client.chat.completions.create(
+        model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=5, stream=True
+    )
+    deltas = [c.choices[0].delta.content for c in stream if c.choices]
+    texts = [d for d in deltas if d]
+    assert len(texts) == 5  # one per step, as the engine yielded them
+    assert "".join(texts) == plain.choices[0].message.content == WORD * 5
+
+
+def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
+    client, fake_engine, tenant, in_process_worker
+):
+    before = credit_for_org(org_id=tenant.org.id)
+    stream = client.chat.completions.create(
+        model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=400, stream=True
+    )
+    chunks = iter(stream)
+    first = [next(chunks) for _ in range(3)]  # the role, then text as it comes
+    stream.close()  # the client goes away mid-answer
+    generation_id = "ia:req_" + first[0].id.removeprefix("chatcmpl-")
+    deadline = time.monotonic() + 30
+    while generation_id not in fake_engine.freed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert generation_id in fake_engine.told  # the engine was given its id in aborted()
+    assert fake_engine.freed == [generation_id]  # and freed its rows before its 400 tokens
+    settled = LedgerEntry.objects.filter(batch_id=generation_id.removeprefix("ia:"))
+    while not settled.filter(kind="release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not settled.filter(kind="charge").exists()  # an aborted catalog request costs nothing
+    assert credit_for_org(org_id=tenant.org.id) == before
