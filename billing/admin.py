@@ -64,8 +64,18 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 class UsageEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The metering events, for audits: ids, kinds and integer quantities only."""
 
-    list_display = ("created_at", "org", "batch_id", "item_id", "attempt", "kind", "quantity")
-    list_filter = ("kind", "created_at")
+    # batch_id is the request's req_… for class interactive (its answer's usage is its receipt).
+    list_display = (
+        "created_at",
+        "org",
+        "usage_class",
+        "batch_id",
+        "item_id",
+        "attempt",
+        "kind",
+        "quantity",
+    )
+    list_filter = ("usage_class", "kind", "created_at")
     list_select_related = ("org",)
     search_fields = ("batch_id", "org__name", "org__id", "revision_id", "deployment_id")
     date_hierarchy = "created_at"
