@@ -12,6 +12,7 @@ from boardwalk.errors import BoardwalkError
 from inference.inspection import InspectionRefused, model_inspect
 from inference.models import CatalogModel, Deployment, ModelRevision
 from inference.services import (
+    INTERACTIVE_PRICE_FIELDS,
     catalog_model_create,
     catalog_model_set_revision,
     catalog_model_update,
@@ -121,6 +122,7 @@ class CatalogModelCreateForm(_NewNameForm):
             "price_cached_input",
             "price_output",
             "batch_media",
+            *INTERACTIVE_PRICE_FIELDS,
         )
 
 
@@ -133,6 +135,7 @@ class CatalogModelAdmin(admin.ModelAdmin):
         "price_input",
         "price_cached_input",
         "price_output",
+        "price_output_interactive",
         "created_at",
     )
     list_filter = ("batch_enabled",)
@@ -156,14 +159,20 @@ class CatalogModelAdmin(admin.ModelAdmin):
             else None
         )
         media = list(data.get("batch_media") or [])
+        p_in, p_cached, p_out = (data[name] for name in INTERACTIVE_PRICE_FIELDS)
+        interactive = (p_in, p_cached, p_out)  # µUSD per million, as the batch prices
         if not change:
             obj.pk = catalog_model_create(
-                name=data["name"], revision=data["revision"], prices=prices, media=media
+                name=data["name"],
+                revision=data["revision"],
+                prices=prices,
+                media=media,
+                interactive_prices=interactive,
             ).pk
             return
         if "revision" in form.changed_data:
             catalog_model_set_revision(model=obj, revision=data["revision"])
-        catalog_model_update(model=obj, prices=prices, media=media)
+        catalog_model_update(model=obj, prices=prices, media=media, interactive_prices=interactive)
 
 
 class DeploymentCreateForm(_NewNameForm):

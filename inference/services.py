@@ -59,8 +59,10 @@ def catalog_model_create(
     revision: ModelRevision,
     prices: tuple[int, int, int] | None,
     media: list[str] | None = None,
+    interactive_prices: tuple[int, int, int] = (0, 0, 0),
 ) -> CatalogModel:
-    """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch."""
+    """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch.
+    `interactive_prices` the same for `POST /v1/chat/completions` (0: free)."""
     model_name_check(name=name)
     price_input, price_cached, price_output = prices or (0, 0, 0)
     return CatalogModel.objects.create(
@@ -71,7 +73,19 @@ def catalog_model_create(
         price_cached_input=price_cached,
         price_output=price_output,
         batch_media=media or [],
+        **_interactive_fields(interactive_prices),
     )
+
+
+INTERACTIVE_PRICE_FIELDS = (
+    "price_input_interactive",
+    "price_cached_input_interactive",
+    "price_output_interactive",
+)
+
+
+def _interactive_fields(prices: tuple[int, int, int]) -> dict[str, int]:
+    return dict(zip(INTERACTIVE_PRICE_FIELDS, prices, strict=True))
 
 
 def catalog_model_set_revision(*, model: CatalogModel, revision: ModelRevision) -> None:
@@ -90,9 +104,14 @@ def deployment_create(
 
 
 def catalog_model_update(
-    *, model: CatalogModel, prices: tuple[int, int, int] | None, media: list[str]
+    *,
+    model: CatalogModel,
+    prices: tuple[int, int, int] | None,
+    media: list[str],
+    interactive_prices: tuple[int, int, int] | None = None,
 ) -> None:
-    """New batch prices (None = not for batch) and media; accepted batches keep theirs."""
+    """New batch prices (None = not for batch), media and interactive prices (None: kept);
+    accepted batches and requests keep theirs."""
     price_input, price_cached, price_output = prices or (
         model.price_input,
         model.price_cached_input,
@@ -104,6 +123,7 @@ def catalog_model_update(
         price_cached_input=price_cached,
         price_output=price_output,
         batch_media=media,
+        **({} if interactive_prices is None else _interactive_fields(interactive_prices)),
     )
 
 

@@ -1,0 +1,86 @@
+"""Staff set a catalog model's interactive prices in the admin, and find an interactive
+request's usage events (its receipt on the platform) filtered by class."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+
+from batches.interactive.service import interactive_accept
+from batches.interactive.settle import interactive_settle
+from inference.engine.types import FINISH_LENGTH, Choice, GenerationResult
+from inference.models import CatalogModel
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff(client):
+    client.force_login(User.objects.create_superuser("staff", "staff@example.com", "pw"))
+    return client
+
+
+def _form(catalog_model: CatalogModel, **prices: int) -> dict[str, object]:
+    return {
+        "revision": catalog_model.revision_id,
+        "batch_enabled": "on",
+        "price_input": 100,
+        "price_cached_input": 50,
+        "price_output": 400,
+        "batch_media": "[]",
+        "price_input_interactive": 0,
+        "price_cached_input_interactive": 0,
+        "price_output_interactive": 0,
+        **prices,
+    }
+
+
+def test_the_admin_sets_interactive_prices_on_create_and_change(staff, catalog_model):
+    staff.post(
+        "/admin/inference/catalogmodel/add/",
+        {"name": "boardwalk/other", **_form(catalog_model, price_input_interactive=300)},
+    )
+    created = CatalogModel.objects.get(name="boardwalk/other")
+    assert created.price_input_interactive == 300 and created.price_input == 100
+    staff.post(
+        f"/admin/inference/catalogmodel/{created.pk}/change/",
+        _form(
+            catalog_model,
+            price_input_interactive=310,
+            price_cached_input_interactive=150,
+            price_output_interactive=1_200,
+        ),
+    )
+    created.refresh_from_db()
+    assert (
+        created.price_input_interactive,
+        created.price_cached_input_interactive,
+        created.price_output_interactive,
+    ) == (310, 150, 1_200)
+    assert created.price_output == 400  # the batch prices are their own
+
+
+def test_the_usage_event_admin_shows_interactive_requests_by_class(staff, tenant, catalog_model):
+    accepted = interactive_accept(
+        org=tenant.org,
+        data={
+            "model": catalog_model.name,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_completion_tokens": 4,
+        },
+    )
+    accepted.admission.release()
+    choice = Choice(index=0, token_ids=[5], text="hi", finish_reason=FINISH_LENGTH)
+    result = GenerationResult(
+        id=accepted.submitted.generation_id,
+        choices=[choice],
+        prompt_tokens=6,
+        completion_tokens=1,
+        cached_tokens=0,
+        busy_seconds=0.01,
+    )
+    interactive_settle(accepted.submitted, result, revision_id=accepted.revision_id)
+    interactive = staff.get("/admin/billing/usageevent/?usage_class__exact=interactive")
+    assert interactive.status_code == 200 and accepted.submitted.id in interactive.content.decode()
+    batch = staff.get("/admin/billing/usageevent/?usage_class__exact=batch")
+    assert accepted.submitted.id not in batch.content.decode()
