@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from batches.interactive.service import interactive_accept
 from batches.interactive.settle import interactive_settle
-from inference.engine.types import FINISH_LENGTH, Choice, GenerationResult
 from inference.models import CatalogModel
+from tests.batches.test_interactive_recovery import accepted_request, priced, succeeded
 
 pytestmark = pytest.mark.django_db
+
+__all__ = ["priced"]  # a fixture
 
 
 @pytest.fixture
@@ -60,26 +61,9 @@ def test_the_admin_sets_interactive_prices_on_create_and_change(staff, catalog_m
     assert created.price_output == 400  # the batch prices are their own
 
 
-def test_the_usage_event_admin_shows_interactive_requests_by_class(staff, tenant, catalog_model):
-    accepted = interactive_accept(
-        org=tenant.org,
-        data={
-            "model": catalog_model.name,
-            "messages": [{"role": "user", "content": "Hello"}],
-            "max_completion_tokens": 4,
-        },
-    )
-    accepted.admission.release()
-    choice = Choice(index=0, token_ids=[5], text="hi", finish_reason=FINISH_LENGTH)
-    result = GenerationResult(
-        id=accepted.submitted.generation_id,
-        choices=[choice],
-        prompt_tokens=6,
-        completion_tokens=1,
-        cached_tokens=0,
-        busy_seconds=0.01,
-    )
-    interactive_settle(accepted.submitted, result, revision_id=accepted.revision_id)
+def test_the_usage_event_admin_shows_interactive_requests_by_class(staff, tenant, priced):
+    accepted = accepted_request(tenant)
+    interactive_settle(accepted.submitted, succeeded(accepted), revision_id=accepted.revision_id)
     interactive = staff.get("/admin/billing/usageevent/?usage_class__exact=interactive")
     assert interactive.status_code == 200 and accepted.submitted.id in interactive.content.decode()
     batch = staff.get("/admin/billing/usageevent/?usage_class__exact=batch")

@@ -47,13 +47,13 @@ def _entries(request_id: str, kind: str) -> int:
     return LedgerEntry.objects.filter(batch_id=request_id, kind=kind).count()
 
 
-def _accepted(tenant):
+def accepted_request(tenant):
     accepted = interactive_accept(org=tenant.org, data=dict(BODY))
     accepted.admission.release()  # the web tier gave its slot back; the hold stays
     return accepted
 
 
-def _succeeded(accepted) -> GenerationResult:
+def succeeded(accepted) -> GenerationResult:
     choice = Choice(index=0, token_ids=[5, 6], text="hi", finish_reason=FINISH_LENGTH)
     return GenerationResult(
         id=accepted.submitted.generation_id,
@@ -67,7 +67,7 @@ def _succeeded(accepted) -> GenerationResult:
 
 def test_a_hold_no_worker_settled_is_released_once_after_its_deadline(tenant, priced):
     start = credit_for_org(org_id=tenant.org.id)
-    accepted = _accepted(tenant)
+    accepted = accepted_request(tenant)
     request_id = accepted.submitted.id
     assert credit_for_org(org_id=tenant.org.id).held > start.held
     # Within its deadline a worker may still settle it: the sweep leaves it.
@@ -80,14 +80,14 @@ def test_a_hold_no_worker_settled_is_released_once_after_its_deadline(tenant, pr
     after = credit_for_org(org_id=tenant.org.id)
     assert after.held == start.held and after.balance == start.balance
     # A worker that settles after all still bills what ran; the hold is not released twice.
-    interactive_settle(accepted.submitted, _succeeded(accepted), revision_id=accepted.revision_id)
+    interactive_settle(accepted.submitted, succeeded(accepted), revision_id=accepted.revision_id)
     assert _entries(request_id, "release") == 1 and _entries(request_id, "charge") == 1
 
 
 def test_a_settled_request_is_left_alone(tenant, priced):
-    accepted = _accepted(tenant)
+    accepted = accepted_request(tenant)
     request_id = accepted.submitted.id
-    interactive_settle(accepted.submitted, _succeeded(accepted), revision_id=accepted.revision_id)
+    interactive_settle(accepted.submitted, succeeded(accepted), revision_id=accepted.revision_id)
     settled = credit_for_org(org_id=tenant.org.id)
     with clock.travel(_past_deadline()):
         assert sweep_work(only=[LEASES]).holds_released == 0
