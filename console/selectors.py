@@ -25,6 +25,8 @@ from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
 
 SUMS = ROLLUP_SUMS
+# The rollup's usage classes (billing.metering.UsageClass), as the dashboard names them.
+USAGE_CLASSES = (("batch", "Batch"), ("interactive", "Interactive"))
 # The codes a stopping batch ends its unrun items with (batches.lifecycle).
 STOPPED_CODES = frozenset({ItemCode.BATCH_CANCELLED, ItemCode.BATCH_EXPIRED, ItemCode.BATCH_FAILED})
 
@@ -83,6 +85,7 @@ class UsageDashboard:
     by_org: list[UsageRow]
     by_model: list[UsageRow]
     by_org_model: list[UsageRow]
+    by_class: list[UsageRow]  # batch rows, then interactive requests (their items)
     series: list[UsageRow]  # the points with usage, oldest first
     buckets: list[dt.datetime]  # every point of the window, with usage or not
     spend_series_by_org: dict[str, dict[str, int]]
@@ -200,10 +203,18 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
     # Two GROUP BYs over the rollup, each a few dozen to a few thousand rows back; the
     # coarser views (total, per org, per model) are folded from them here rather than
     # scanned again: on SQLite each scan of a month of rollup rows is the page's main cost.
-    sums = {
-        (r["org_id"], r["revision_id"], r["deployment_id"]): r
-        for r in rollup.values("org_id", "revision_id", "deployment_id").annotate(**_sums())
-    }
+    # The first groups by class too, for the batch and interactive split.
+    sums: dict[tuple[str, str, str], UsageRow] = {}
+    classes = {name: UsageRow(name, label) for name, label in USAGE_CLASSES}
+    for r in rollup.values("org_id", "revision_id", "deployment_id", "usage_class").annotate(
+        **_sums()
+    ):
+        row = _row(r["usage_class"], "", r)
+        if r["usage_class"] == "batch":
+            row.items_failed = 0  # counted from the items, below
+        where = (r["org_id"], r["revision_id"], r["deployment_id"])
+        _add(sums.setdefault(where, UsageRow(where, "")), row)
+        _add(classes.setdefault(r["usage_class"], UsageRow(r["usage_class"], "")), row)
     # Failed items are counted from the items, not the rollup: the rollup meters the
     # attempts that ran, while a stopped batch (cancelled, expired, failed) ends its unrun
     # items failed with its code, and an item out of attempts ends without a last attempt.
@@ -222,6 +233,7 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
         failed_by_key[(org_id, revision_id, deployment_id)] += n
         codes[code] += n
         stopped += n if code in STOPPED_CODES else 0
+    classes["batch"].items_failed = sum(failed_by_key.values())
     keys = sorted(set(sums) | set(failed_by_key))
     org_names = dict(
         Organization.objects.filter(id__in={k[0] for k in keys}).values_list("id", "name")
@@ -233,12 +245,12 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
     by_org_model = []
     for org_id, revision_id, deployment_id in keys:
         key = (revision_id, deployment_id)
-        values = {
-            **sums.get((org_id, revision_id, deployment_id), {}),
-            "items_failed": failed_by_key.get((org_id, revision_id, deployment_id), 0),
-        }
         name = org_names.get(org_id, org_id)
-        row = _row(key, f"{name} · {labels[key]}", values, org_id=org_id)
+        row = UsageRow(key, f"{name} · {labels[key]}", org_id=org_id)
+        metered = sums.get((org_id, revision_id, deployment_id))
+        if metered is not None:
+            _add(row, metered)  # its items_failed: interactive requests only
+        row.items_failed += failed_by_key.get((org_id, revision_id, deployment_id), 0)
         by_org_model.append(row)
         _add(total, row)
         _add(orgs.setdefault(org_id, UsageRow(org_id, name, org_id=org_id)), row)
@@ -284,6 +296,7 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
         by_org=by_org,
         by_model=by_model,
         by_org_model=by_org_model,
+        by_class=list(classes.values()),
         series=series,
         buckets=_buckets(period, start, end),
         spend_series_by_org={org: dict(data) for org, data in spend_series.items()},
