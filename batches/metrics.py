@@ -1,4 +1,5 @@
-"""Gauges of the batch queue for /metrics (registered in BatchesConfig.ready()).
+"""Gauges of the batch queue for /metrics (registered in BatchesConfig.ready()), and the
+interactive tier's beside them (batches.interactive.gauges).
 
 Read from the database on each scrape, so every web process answers the same numbers.
 Labels are revision ids and statuses only: never an organization, a batch or content.
@@ -10,6 +11,7 @@ import datetime as dt
 
 from django.db.models import Count, Min, Sum
 
+from batches.interactive.gauges import interactive_families
 from batches.models import Batch, BatchItem
 from boardwalk import clock
 from boardwalk.metrics import Family, Sample, labels_text
@@ -104,4 +106,5 @@ def collect() -> list[Family]:
             tuple(tokens),
         ),
         Family("boardwalk_batches", "gauge", "Batches by status.", tuple(batches)),
+        *interactive_families(),
     ]

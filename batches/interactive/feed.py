@@ -23,6 +23,7 @@ from batches.interactive.messages import (
     abort_flag,
     encode_reply,
     headroom_gauge,
+    in_flight_gauge,
     reply_channel,
     request_channel,
 )
@@ -87,7 +88,8 @@ class InteractiveFeed:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=5)
-        self.channels.gauge(headroom_gauge(self.key), self.reporter, 0, ttl=0.001)
+        for gauge in (headroom_gauge(self.key), in_flight_gauge(self.key)):
+            self.channels.gauge(gauge, self.reporter, 0, ttl=0.001)
         with self._lock:
             left = list(self._inflight.values())
             self._inflight.clear()
@@ -170,6 +172,9 @@ class InteractiveFeed:
         self.channels.gauge(headroom_gauge(self.key), self.reporter, free, ttl=HEADROOM_TTL_SECONDS)
         with self._lock:
             ids = {abort_flag(s.id): gid for gid, s in self._inflight.items()}
+        self.channels.gauge(
+            in_flight_gauge(self.key), self.reporter, len(ids), ttl=HEADROOM_TTL_SECONDS
+        )
         if ids:
             self._aborted = frozenset(ids[k] for k in self.channels.flagged(list(ids)))
 

@@ -2,8 +2,9 @@
 
 Keys: one request list per engine key (every worker serving the key pops from it, so Redis
 hands each request to exactly one), one reply list per request, one abort flag per request,
-one headroom gauge per key (free rows, per worker). The request message carries the body
-(content): it lives only in the channel, which expires, never in a row or a log.
+one headroom gauge per key (free rows, per worker) and one of the requests each worker runs.
+The request message carries the body (content): it lives only in the channel, which
+expires, never in a row or a log.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def abort_flag(request_id: str) -> str:
 
 def headroom_gauge(key: EngineKey) -> str:
     return f"interactive:headroom:{key.revision_id}:{key.deployment_id}"
+
+
+def in_flight_gauge(key: EngineKey) -> str:
+    return f"interactive:inflight:{key.revision_id}:{key.deployment_id}"
 
 
 def is_interactive(generation_id: str) -> bool:

@@ -11,14 +11,17 @@ from typing import Any
 import httpx2
 import openai
 import pytest
+from django.test import Client
 from openai import OpenAI
 
 from billing.models import LedgerEntry, UsageEvent
 from billing.selectors import credit_for_org
+from boardwalk.metrics import labels_text
 from boardwalk.services import api_key_create
 from inference import runtime
 from inference.demo.fake_engine import WORD, FakeEngine
 from inference.engine.types import GenerationResult
+from tests.batches.test_interactive_metrics import samples
 from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
 from tests.conftest import Tenant
 
@@ -271,7 +274,7 @@ def test_partial_text_streams_in_deltas_that_make_the_final_text(
 
 
 def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
-    client, fake_engine, tenant, in_process_worker
+    client, fake_engine, priced, tenant, in_process_worker
 ):
     before = credit_for_org(org_id=tenant.org.id)
     stream = client.chat.completions.create(
@@ -279,9 +282,13 @@ def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
     )
     chunks = iter(stream)
     first = [next(chunks) for _ in range(3)]  # the role, then text as it comes
+    running = "boardwalk_interactive_in_flight{" + labels_text({"revision": priced.revision_id})
+    deadline = time.monotonic() + 30
+    while samples(Client()).get(running + "}") != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the worker reports what it runs twice a second
+    assert samples(Client())[running + "}"] == 1
     stream.close()  # the client goes away mid-answer
     generation_id = "ia:req_" + first[0].id.removeprefix("chatcmpl-")
-    deadline = time.monotonic() + 30
     while generation_id not in fake_engine.freed and time.monotonic() < deadline:
         time.sleep(0.05)
     assert generation_id in fake_engine.told  # the engine was given its id in aborted()
