@@ -8,12 +8,14 @@ import io
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from inference import runtime
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
 from inference.engine.families import TEXT_FAMILIES
 from inference.engine.lockstep import Channel, LockstepBroken, followed_aborted, followed_source
@@ -25,8 +27,12 @@ from inference.engine.parallel import (
 from inference.engine.process import EngineProcess, EngineProcessError
 from inference.engine.types import NOT_READY, ConstraintSpec
 from inference.models import ModelRevision
+from tests.batches import conftest as batch_fixtures
+from tests.batches.conftest import submit
+from tests.conftest import Api, content_of, parse_jsonl, request_line
 
 OPTIONS = {"context_length": 512, "max_batch_size": 4}
+in_process_worker = batch_fixtures.in_process_worker  # a worker runtime in this process
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +192,50 @@ def test_model_add_checks_and_records_the_split(tiny_model_dir: Path, settings) 
     )
     assert added["revision"]["tensor_parallel_size"] == 2
     assert ModelRevision.objects.get(id=added["revision"]["id"]).tensor_parallel_size == 2
+
+
+def finished(api: Api, batch_id: str) -> dict:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        batch = api.get(f"/v1/batches/{batch_id}").json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} did not finish")
+
+
+@pytest.mark.model
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_on_a_tensor_parallel_revision_answers_as_one_rank(
+    tiny_model_dir: Path, api: Api, catalog_model, in_process_worker, settings
+) -> None:
+    settings.ENGINE_DEVICE = "cpu"
+    settings.ENGINES_PER_PROCESS = 2  # the reference's engine beside it, not instead
+    added = model(
+        "add", "tp/chat", "--weights", str(tiny_model_dir), "--tensor-parallel-size", "2",
+        "--price-input", "100", "--price-cached-input", "50", "--price-output", "400",
+    )  # fmt: skip
+    answers = {}
+    try:
+        for name in ("tp/chat", catalog_model.name):
+            inputs = [
+                request_line(f"t{i}", model=name, content=f"Question {i}?", temperature=0)
+                for i in range(3)
+            ]
+            batch = finished(api, submit(api, inputs, key=name)["id"])
+            assert batch["status"] == "completed", batch
+            if name == "tp/chat":
+                engine = runtime._engines[added["revision"]["id"]]
+                assert isinstance(engine, EngineProcess) and len(engine._followers) == 1
+                assert not engine.broken
+            output = content_of(api.get(f"/v1/files/{batch['output_file_id']}/content"))
+            answers[name] = {
+                row["custom_id"]: row["response"]["body"]["choices"][0]["message"]["content"]
+                for row in parse_jsonl(output)
+            }
+    finally:
+        runtime.engine_drop(added["revision"]["id"])  # stops its ranks
+    assert answers["tp/chat"] == answers[catalog_model.name] and len(answers["tp/chat"]) == 3
 
 
 @pytest.mark.django_db
