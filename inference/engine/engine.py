@@ -17,6 +17,12 @@ A request whose own work raises (its prompt, its sampling, its forward when run 
 with `error="internal_error"`; the others go on. Out of memory in a step halves the step and
 tries again.
 
+Interactive requests (priority > 0) go ahead of batch ones and take their rows when none is
+free (scheduler.py); a full engine still pulls one when its source says one is next
+(`urgent`), and while it holds one it polls aborts at every step, so a client that went away
+frees its rows within a step. A streaming request (`stream`) gets each step's new text as a
+`PartialResult` before its result.
+
 This module is the loop and the results: pulling requests, polling aborts, appending sampled
 tokens, stop strings, busy-time shares. What it drives is in modules of their own: the state
 in flight (sequence.py), admission, each step's plan and preemption (scheduler.py), block
@@ -46,6 +52,7 @@ from .types import (
     Choice,
     GenerationRequest,
     GenerationResult,
+    PartialResult,
 )
 
 logger = logging.getLogger(__name__)
@@ -116,15 +123,20 @@ class Engine:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[GenerationResult]:
+        urgent: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationResult | PartialResult]:
         """Pulls requests lazily from `requests` as capacity frees up (continuous batching),
         yields each result as soon as it finishes (not in input order). `requests` may yield
         NOT_READY while this holds a request: nothing more now, step and ask again.
 
         At most `max_batch_size` sequences (n per request) are in flight or waiting for
-        memory. `aborted()` is polled about every `abort_poll_seconds` of work; requests whose
-        id it returns are stopped and yielded with aborted=True. Invalid requests
-        (context_length_exceeded, invalid_request) are yielded immediately as error results.
+        memory, except that while `urgent()` (polled before each step when the rows are
+        full) says the source's next request is interactive, it is pulled anyway and takes
+        rows from batch. `aborted()` is polled about every `abort_poll_seconds` of work, and
+        at every step while an interactive request is held; requests whose id it returns are
+        stopped and yielded with aborted=True. Invalid requests (context_length_exceeded,
+        invalid_request) are yielded immediately as error results. A request with `stream`
+        also gets PartialResults, its new text after each step, before its result.
         """
         source = iter(requests)
         scheduler = Scheduler(
@@ -143,7 +155,10 @@ class Engine:
                 if (
                     aborted is not None
                     and scheduler.holding
-                    and work_since_poll >= self.abort_poll_seconds
+                    and (
+                        work_since_poll >= self.abort_poll_seconds
+                        or scheduler.holding_interactive()
+                    )
                 ):
                     aborted_ids = frozenset(aborted())
                     work_since_poll = 0.0
@@ -152,7 +167,9 @@ class Engine:
                         yield _empty_result(owner, aborted=True)
 
                 in_use = scheduler.rows_in_use()
-                while in_use < self.max_batch_size and not exhausted:
+                while not exhausted and (
+                    in_use < self.max_batch_size or (urgent is not None and urgent())
+                ):
                     try:
                         request = next(source)
                     except StopIteration:
@@ -177,8 +194,9 @@ class Engine:
 
                 began = time.perf_counter()
                 with torch.inference_mode():
-                    stepped, finished, failed = self._step(scheduler)
+                    stepped, advanced, finished, failed = self._step(scheduler)
                 work_since_poll += self._account(began, stepped)
+                yield from self._partials(advanced)
                 yield from self._results(finished)
                 for owner in failed.owners:
                     if not owner.reported:
@@ -196,6 +214,21 @@ class Engine:
         for seq in sequences:
             seq.owner.busy += share
         return spent
+
+    def _partials(self, advanced: list[Sequence]) -> Iterator[PartialResult]:
+        """The new text of the streaming sequences that took a token and go on: decoded
+        whole, less a trailing incomplete character and any tail that could begin a stop
+        string, so each partial extends the text the result will carry."""
+        for seq in advanced:
+            request = seq.owner.request
+            if not request.stream:
+                continue
+            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            end = len(text.rstrip("\ufffd"))
+            end -= _stop_prefix(text[:end], request.params.stop)
+            if end > seq.sent:
+                piece, seq.sent = text[seq.sent : end], end
+                yield PartialResult(request.id, seq.choice, piece)
 
     def _results(self, finished: list[Sequence]) -> Iterator[GenerationResult]:
         for seq in finished:
@@ -228,9 +261,12 @@ class Engine:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def _step(self, scheduler: Scheduler) -> tuple[list[Sequence], list[Sequence], Failed]:
+    def _step(
+        self, scheduler: Scheduler
+    ) -> tuple[list[Sequence], list[Sequence], list[Sequence], Failed]:
         """Schedule, run and sample one step. Returns the sequences that took part, those
-        that finished and the requests that failed (already out of flight)."""
+        that took a token and go on, those that finished and the requests that failed
+        (already out of flight)."""
         failed = Failed()
         while True:
             work = scheduler.schedule()
@@ -242,7 +278,7 @@ class Engine:
                     for seq, _ in work:
                         failed.add(seq.owner)
                     scheduler.drop(failed.owners)
-                    return [s for s, _ in work], [], failed
+                    return [s for s, _ in work], [], [], failed
                 self._runner.release_memory()
 
         stepped = [seq for seq, _ in work]
@@ -251,12 +287,18 @@ class Engine:
         keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
         sampled = [sampled[i] for i in keep]
         if not sampled:
-            return stepped, [], failed
+            return stepped, [], [], failed
         tokens = self._runner.next_tokens(torch.stack([rows[i] for i in keep]), sampled, failed)
         finished = self._advance(sampled, tokens, failed)
         scheduler.finish(finished)
         scheduler.drop(failed.owners)
-        return stepped, finished, failed
+        done = set(map(id, finished))
+        advanced = [
+            s
+            for s, t in zip(sampled, tokens, strict=True)
+            if t is not None and id(s) not in done and s.owner not in failed.owners
+        ]
+        return stepped, advanced, finished, failed
 
     # -- sampling and appending -------------------------------------------------------------
 
@@ -314,6 +356,18 @@ class Engine:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return text[: min(cuts)] if cuts else None
+
+
+def _stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that begins one of the stop strings: it may yet
+    be cut, so it is not streamed until the next tokens tell."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held
 
 
 def _empty_result(

@@ -9,6 +9,16 @@ Every step has a budget of rows and tokens: one token for each decoding sequence
 its tokens stay, and it is computed again later, mostly from the prefix cache), then pieces of
 prompts, oldest first (chunked prefill). Out of memory in a forward halves the budget for the
 rest of the call.
+
+Two classes: requests of priority > 0 (interactive) wait ahead of batch requests, are admitted
+first, and when no row or not enough memory is free they take them from running batch
+requests, youngest first: those are parked (their blocks go back, their tokens and sampling
+state stay) and admitted again, ahead of new batch requests, once rows free up, computed again
+mostly from the prefix cache as after any preemption. An interactive sequence is never
+preempted for a batch one. In each step interactive prompts take the token budget before batch
+prompts, and a step that prefills an interactive prompt carries no batch prompt, so the first
+token of an interactive request never waits behind a long batch prefill. Without interactive
+requests nothing of this runs: batch is scheduled as it always was.
 """
 
 from __future__ import annotations
@@ -91,26 +101,46 @@ class Scheduler:
         """Rows held by the requests in flight and waiting: n each."""
         return rows_held(self.running) + sum(r.n for r in self.waiting)
 
+    def holding_interactive(self) -> bool:
+        """Whether an interactive request is in flight or waiting."""
+        return any(s.owner.priority > 0 for s in self.running) or any(
+            r.priority > 0 for r in self.waiting
+        )
+
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        """Queue a request: interactive ones after the interactive ones already waiting,
+        parked batch ones (admitted before) in their admission order, new ones last."""
+        key = _queue_key(request)
+        waiting = self.waiting
+        at = len(waiting)
+        while at and _queue_key(waiting[at - 1]) > key:
+            at -= 1
+        waiting.insert(at, request)
 
     def admit(self) -> list[Request]:
-        """Move waiting requests into flight while rows and memory allow, oldest first.
+        """Move waiting requests into flight while rows and memory allow, interactive first,
+        then oldest first; an interactive one parks batch requests to make room.
         Returns the requests whose admission raised (taken out of the queue)."""
-        bs = self.blocks.block_size
         running, waiting = self.running, self.waiting
         # Blocks the sequences already in flight still need for what they have to compute.
-        pending = sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
+        pending = self._pending(running)
         rows = rows_held(running)
         failed: list[Request] = []
         while waiting:
             request = waiting[0]
-            needed = math.ceil((len(request.prompt) + 1) / bs) + request.n
-            if rows + request.n > self.max_batch_size or (
-                running and self.blocks.available - pending < needed
-            ):
+            needed = self._needed(request)
+            if request.priority > 0:
+                while self._short(request.n, rows, pending, needed) and self._park_youngest_batch():
+                    pending, rows = self._pending(running), rows_held(running)
+            if self._short(request.n, rows, pending, needed):
                 break
             waiting.popleft()
+            if request.parked:
+                running.extend(request.parked)
+                request.parked = []
+                rows += request.n
+                pending += needed
+                continue
             try:
                 self._order += 1
                 request.order = self._order
@@ -172,7 +202,10 @@ class Scheduler:
         limit = self._step_rows
         # Decoding sequences first (one token each), oldest first; preempt the youngest when
         # their new blocks do not fit.
-        decoding = [s for s in running if s.length - s.computed == 1][: min(budget, limit)]
+        decoding = [s for s in running if s.length - s.computed == 1]
+        if len(decoding) > min(budget, limit):  # interactive rows are never the ones left out
+            decoding.sort(key=lambda s: -s.owner.priority)
+            del decoding[min(budget, limit) :]
         while True:
             short = sum(1 for s in decoding if self.blocks.needed(s, 1)) - self.blocks.available
             if short <= 0:
@@ -212,11 +245,14 @@ class Scheduler:
         bs = self.blocks.block_size
         coming: set[bytes] = set()
         deferred = False
+        interactive = False  # an interactive prompt is in this step: no batch prompt joins it
         for seq in sorted(self.running, key=age):
             if budget <= 0 or len(work) >= limit:
                 break
             if seq.length - seq.computed <= 1:
                 continue
+            if interactive and seq.owner.priority <= 0:
+                break  # (sorted: every later one is batch too)
             self.blocks.reuse_cached(seq)
             if wait:
                 pending = seq.prompt_digests[seq.computed // bs :]
@@ -228,6 +264,7 @@ class Scheduler:
             if take:
                 work.append((seq, take))
                 budget -= take
+                interactive = interactive or seq.owner.priority > 0
         return deferred
 
     def shrink(self, work: Work) -> bool:
@@ -271,6 +308,42 @@ class Scheduler:
 
     # -- preemption and forks ---------------------------------------------------------------
 
+    def _short(self, n: int, rows: int, pending: int, needed: int) -> bool:
+        """Whether a request of n rows and `needed` blocks does not fit now."""
+        if rows + n > self.max_batch_size:
+            return True
+        return bool(self.running) and self.blocks.available - pending < needed
+
+    def _pending(self, running: list[Sequence]) -> int:
+        bs = self.blocks.block_size
+        return sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
+
+    def _needed(self, request: Request) -> int:
+        """Blocks a waiting request takes to compute what it holds (a parked one: its tokens
+        too, each choice on its own, an overestimate where they share their prompt)."""
+        bs = self.blocks.block_size
+        if request.parked:
+            return sum(math.ceil(s.length / bs) + 1 for s in request.parked)
+        return math.ceil((len(request.prompt) + 1) / bs) + request.n
+
+    def _park_youngest_batch(self) -> bool:
+        """Take the youngest batch request in flight out of it, into the queue; False when
+        none is in flight."""
+        batch = [s.owner for s in self.running if s.owner.priority <= 0]
+        if not batch:
+            return False
+        victim = max(batch, key=lambda r: r.order)
+        keep = []
+        for seq in self.running:
+            if seq.owner is victim:
+                self._preempt(seq)
+                victim.parked.append(seq)
+            else:
+                keep.append(seq)
+        self.running[:] = keep
+        self.add(victim)
+        return True
+
     def _youngest_holder(self) -> Sequence | None:
         holders = [s for s in self.running if s.blocks]
         return max(holders, key=age) if holders else None
@@ -290,3 +363,7 @@ class Scheduler:
             self.blocks.fork(seq, fork)
             forks.append(fork)
         return forks
+
+
+def _queue_key(request: Request) -> tuple[int, bool, int]:
+    return -request.priority, request.order == 0, request.order

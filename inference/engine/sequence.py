@@ -25,6 +25,9 @@ class Request:
     forked: bool = False
     reported: bool = False
     features: dict[int, torch.Tensor] = field(default_factory=dict)  # media index → encoded
+    # Its sequences while an interactive request holds its rows: blocks given back, tokens
+    # and sampling state kept, computed again once it is admitted again.
+    parked: list[Sequence] = field(default_factory=list)
 
     @property
     def prompt(self) -> list[int]:
@@ -33,6 +36,10 @@ class Request:
     @property
     def n(self) -> int:
         return self.request.params.n
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
 
 
 @dataclass(eq=False)
@@ -46,6 +53,7 @@ class Sequence:
     prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
     preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
+    sent: int = 0  # characters of its text already yielded as partials (streaming requests)
 
     @property
     def length(self) -> int:
@@ -76,8 +84,9 @@ class Failed:
             self.owners.append(owner)
 
 
-def age(seq: Sequence) -> tuple[int, int]:
-    return seq.owner.order, seq.choice
+def age(seq: Sequence) -> tuple[int, int, int]:
+    """Sorts interactive sequences before batch ones, then oldest first."""
+    return -seq.owner.priority, seq.owner.order, seq.choice
 
 
 def rows_held(running: list[Sequence]) -> int:
