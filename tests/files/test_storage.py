@@ -18,7 +18,6 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from pytest_django import Settings
 
-from files import storage
 from files.crypto import (
     CHUNK_SIZE,
     STORED_CHUNK_SIZE,
@@ -35,6 +34,8 @@ from files.storage import (
     content_store,
     open_plaintext_range,
 )
+from files.storage import local as storage_local
+from files.storage import spool as storage_spool
 from tests.files.conftest import Backend, use_local_content
 
 if TYPE_CHECKING:
@@ -235,15 +236,15 @@ def test_local_writer_flushes_in_the_background_while_writing(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_local_content(settings, tmp_path / "content")
-    monkeypatch.setattr("files.storage._SYNC_EVERY", 3000)
+    monkeypatch.setattr("files.storage.local._SYNC_EVERY", 3000)
     flushes: list[int] = []
-    real_fdatasync = storage._fdatasync
+    real_fdatasync = storage_local._fdatasync
 
     def fdatasync(fd: int) -> None:
         flushes.append(fd)
         real_fdatasync(fd)
 
-    monkeypatch.setattr("files.storage._fdatasync", fdatasync)
+    monkeypatch.setattr("files.storage.local._fdatasync", fdatasync)
     data = os.urandom(10_000)
     writer = content_store().open_writer()
     writer.write(data[:2999])
@@ -270,7 +271,7 @@ def test_background_flush_failure_fails_the_commit_and_keeps_nothing(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     use_local_content(settings, tmp_path / "content")
-    monkeypatch.setattr("files.storage._SYNC_EVERY", 100)
+    monkeypatch.setattr("files.storage.local._SYNC_EVERY", 100)
 
     failed = threading.Event()
 
@@ -278,7 +279,7 @@ def test_background_flush_failure_fails_the_commit_and_keeps_nothing(
         failed.set()
         raise OSError(errno.EIO, "device gone")
 
-    monkeypatch.setattr("files.storage._fdatasync", broken)
+    monkeypatch.setattr("files.storage.local._fdatasync", broken)
     spool = EncryptedSpool(content_store(), data_key=new_data_key(), aad_prefix=b"file-1")
     with pytest.raises(OSError, match="device gone"), spool:
         for _ in range(100):
@@ -456,7 +457,7 @@ def test_the_spool_waits_for_the_disk_instead_of_queueing_without_bound(
     feeder.start()
     feeder.join(0.5)
     assert feeder.is_alive()  # blocked on the stalled disk
-    assert fed <= storage._WRITE_BEHIND_DEPTH  # a few sealed buffers held, not the stream
+    assert fed <= storage_spool._WRITE_BEHIND_DEPTH  # a few sealed buffers held, not the stream
     writer.gate.set()
     feeder.join(10)
     assert fed == 100
