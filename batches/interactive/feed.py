@@ -26,6 +26,7 @@ from batches.interactive.messages import (
     in_flight_gauge,
     reply_channel,
     request_channel,
+    requests_waiting,
 )
 from batches.interactive.settle import interactive_settle
 from batches.liveness import worker_id
@@ -73,7 +74,7 @@ class InteractiveFeed:
         self._inflight: dict[str, Submitted] = {}  # generation id → request
         self._rows = 0  # rows (n per request) of the requests in flight
         self._aborted: frozenset[str] = frozenset()
-        self._last = time.monotonic()
+        self._last: float | None = None  # when this run last took an interactive request
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="interactive-feed", daemon=True)
         self.taken = 0  # requests handed to the engine (tests, metrics)
@@ -106,11 +107,15 @@ class InteractiveFeed:
             return self._rows
 
     def lingering(self) -> bool:
-        """Whether the run should stay up for interactive work: some in flight, or one came
-        within the linger time."""
+        """Whether the run should stay up for interactive work: some in flight, one waiting
+        in the key's channel, or one taken within the linger time. A batch run that never
+        saw one ends with its batch work, leaving the worker thread to other keys."""
         with self._lock:
             busy = bool(self._inflight)
-        return busy or time.monotonic() - self._last < setting("INTERACTIVE_LINGER_SECONDS")
+        if busy or requests_waiting(self.key):
+            return True
+        last = self._last
+        return last is not None and time.monotonic() - last < setting("INTERACTIVE_LINGER_SECONDS")
 
     def aborted(self) -> frozenset[str]:
         """Generation ids whose client went away (refreshed by the feed's thread)."""
