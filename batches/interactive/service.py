@@ -169,8 +169,10 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code=ErrorCode.INVALID_BODY)
     body = dict(data)
-    stream, include_usage, tier = _interactive_fields(body)
+    # The model first, as the schema says (docs/API.md): one the org cannot use is a 404
+    # whatever else the body holds.
     target = _resolve(org, body)
+    stream, include_usage, tier = _interactive_fields(body)
     max_tokens, n = _check_rules(body, target)
     try:
         tokenizer = chat_tokenizer_for(target.revision)

@@ -10,13 +10,14 @@ from django.http import StreamingHttpResponse
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches.interactive import relay
+from batches.interactive import relay, schemas
 from batches.interactive.feed import completion_id
 from batches.interactive.service import Accepted, interactive_abandon, interactive_accept
 from batches.interactive.streaming import Chunks, event
 from boardwalk.auth import WRITE
 from boardwalk.codes import ErrorCode, ItemCode
 from boardwalk.errors import BoardwalkError, InvalidRequest, ServiceUnavailable
+from boardwalk.http import openapi as oa
 
 
 class EngineFailed(BoardwalkError):
@@ -42,6 +43,16 @@ def reply_error(code: str) -> BoardwalkError:
 class ChatCompletionsView(APIView):
     scopes = {"POST": WRITE}
 
+    @oa.operation(
+        None,
+        errors=(402, 429, 503),
+        request=schemas.CHAT_COMPLETION_REQUEST,
+        ok_content={
+            "application/json": schemas.CHAT_COMPLETION,
+            "text/event-stream": schemas.EVENT_STREAM,
+        },
+        operation_id="chat_completions_create",
+    )
     def post(self, request: Any) -> Any:
         accepted = interactive_accept(org=request.user.org, data=request.data)
         try:

@@ -124,12 +124,17 @@ def operation(
     request: Any = None,
     parameters: list[OpenApiParameter] | None = None,
     ok_content_type: str | None = None,
+    ok_content: dict[str, Schema] | None = None,
     summary: str | None = None,
     operation_id: str | None = None,
 ) -> Callable[[Any], Any]:
-    """extend_schema for one operation: its 200 answer plus the error envelope."""
+    """extend_schema for one operation: its 200 answer plus the error envelope.
+    `ok_content`: a 200 answered in several content types, a schema each."""
     responses: dict[Any, Any] = {}
-    if ok_content_type:
+    if ok_content:
+        for content_type, schema in ok_content.items():
+            responses[(200, content_type)] = OpenApiResponse(response=schema)
+    elif ok_content_type:
         responses[(200, ok_content_type)] = OpenApiResponse(description="the file's bytes")
         responses[(206, ok_content_type)] = OpenApiResponse(description="the requested range")
     else:

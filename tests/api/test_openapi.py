@@ -49,6 +49,7 @@ def test_schema_is_public_openapi_3_and_documents_every_endpoint(client):
         "/v1/batches/estimate",
         "/v1/batches/{batch_id}",
         "/v1/batches/{batch_id}/cancel",
+        "/v1/chat/completions",
         "/v1/requests",
         "/v1/requests/{request_id}",
         "/v1/models",
