@@ -19,7 +19,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from .protocol import GenerationEngine
-from .types import ERROR_INTERNAL, NOT_READY, GenerationRequest, GenerationResult
+from .types import (
+    ERROR_INTERNAL,
+    NOT_READY,
+    GenerationRequest,
+    GenerationResult,
+    PartialResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +67,8 @@ class Contained:
         source: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[GenerationResult]:
+        urgent: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationResult | PartialResult]:
         def tracked() -> Iterator[GenerationRequest]:
             for request in source:
                 if request is not NOT_READY:
@@ -72,9 +79,10 @@ class Contained:
         feed = tracked()
         while True:
             try:
-                for result in self.engine.generate(feed, aborted=aborted):
-                    with self._lock:
-                        self._in_engine.pop(result.id, None)
+                for result in self._generate(feed, aborted, urgent):
+                    if isinstance(result, GenerationResult):  # a partial answers nothing
+                        with self._lock:
+                            self._in_engine.pop(result.id, None)
                     yield result
                 return
             except Exception as exc:
@@ -98,6 +106,18 @@ class Contained:
                     # Not one request: the engine itself is broken.
                     self.broken = True
                     return
+
+    def _generate(
+        self,
+        feed: Iterable[GenerationRequest],
+        aborted: Callable[[], Collection[str]] | None,
+        urgent: Callable[[], bool] | None,
+    ) -> Iterator[GenerationResult | PartialResult]:
+        """`urgent` reaches only an engine that takes it (the in-process and child ones)."""
+        generate: Any = self.engine.generate
+        if urgent is None:
+            return generate(feed, aborted=aborted)  # type: ignore[no-any-return]
+        return generate(feed, aborted=aborted, urgent=urgent)  # type: ignore[no-any-return]
 
 
 def failed_result(request: GenerationRequest) -> GenerationResult:

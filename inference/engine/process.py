@@ -15,9 +15,12 @@ unusable.
 Protocol, one run at a time. Parent to child: ("run",), then ("request", GenerationRequest)
 and ("abort", ids) in any order, ("end",) when there are no more requests (aborts may still
 follow), and ("over",) once the child said it is done. Child to parent: ("result",
-GenerationResult) for each request, then ("done", broken). At most `credit` requests are in
+GenerationResult) for each request (a streaming one's ("partial", PartialResult) before it),
+then ("done", broken). At most `credit` requests are in
 the child without a result, so a short queue of ready requests waits in the pipe (the engine
 never waits on it while the worker keeps up) and the rest wait, claimed, in the worker.
+Interactive requests (priority > 0) go past the credit while the run's `urgent()` says one is
+next, and the child hands them to its engine ahead of the batch requests in its pipe.
 
 Threads: the child has one, the engine's, which reads its inbox between steps (`_RunInbox`).
 So a send to it can wait while a step runs; in the parent one sender thread makes every send
@@ -47,12 +50,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from .lockstep import RankSetup
-from .types import NOT_READY, GenerationRequest, GenerationResult
+from .types import NOT_READY, GenerationRequest, GenerationResult, PartialResult
 
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_SECONDS = 900.0  # loading a large model from a slow disk
 _POLL_SECONDS = 0.5  # how often a run checks the abort set and that the child lives
+_URGENT_POLL_SECONDS = 0.01  # how often a feeder out of credit asks whether one is urgent
 _SENDER_JOIN_SECONDS = 10.0  # a run's last messages reach a live child at once
 _END = ("end",)
 _OVER = ("over",)
@@ -140,13 +144,15 @@ class EngineProcess:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[GenerationResult]:
-        """Results as the child yields them (in completion order). Sets `broken` and returns
-        early when the engine broke or the child died; unanswered requests are the caller's
-        to hand back."""
+        urgent: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationResult | PartialResult]:
+        """Results as the child yields them (in completion order), and the partials of
+        streaming requests. Sets `broken` and returns early when the engine broke or the
+        child died; unanswered requests are the caller's to hand back. `urgent()`: whether
+        the source's next request is interactive (it is then sent past the credit)."""
         if self.broken:
             raise EngineProcessError("the engine process is broken")
-        credit = threading.BoundedSemaphore(self.credit)
+        credit = _Credit(self.credit, urgent)
         stop = threading.Event()
         clean = False
         # Everything this run sends goes through one thread: the child reads its inbox only
@@ -177,6 +183,8 @@ class EngineProcess:
                 if kind == "result":
                     credit.release()
                     yield payload
+                elif kind == "partial":
+                    yield payload
                 elif kind == "done":
                     self.broken = bool(payload)
                     outgoing.put(_OVER)  # after the feeder's end: the child had it to be done
@@ -201,13 +209,13 @@ class EngineProcess:
     def _feed(
         self,
         requests: Iterable[GenerationRequest],
-        credit: threading.BoundedSemaphore,
+        credit: _Credit,
         stop: threading.Event,
         outgoing: queue.SimpleQueue[tuple[Any, ...] | None],
     ) -> None:
         try:
             for request in requests:
-                while not credit.acquire(timeout=_POLL_SECONDS):
+                while not credit.acquire(_POLL_SECONDS, interactive=request.priority > 0):
                     if stop.is_set():
                         return
                 if stop.is_set():
@@ -283,6 +291,38 @@ class EngineProcess:
                 if idle_ok:
                     return ("idle", None)
                 raise EngineProcessError(f"no answer in {timeout:.0f} s")
+
+
+class _Credit:
+    """Requests the child may hold without a result. When it is spent, an interactive request
+    goes past it, and so does a batch one while `urgent()` says an interactive one is next
+    (what was overdrawn comes back before any credit is given again)."""
+
+    def __init__(self, credit: int, urgent: Callable[[], bool] | None) -> None:
+        self._free = threading.Semaphore(credit)
+        self._urgent = urgent
+        self._lock = threading.Lock()
+        self._overdrawn = 0
+
+    def acquire(self, timeout: float, *, interactive: bool) -> bool:
+        if self._urgent is None and not interactive:
+            return self._free.acquire(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while not self._free.acquire(timeout=0 if interactive else _URGENT_POLL_SECONDS):
+            if interactive or (self._urgent is not None and self._urgent()):
+                with self._lock:
+                    self._overdrawn += 1
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._overdrawn:
+                self._overdrawn -= 1
+                return
+        self._free.release()
 
 
 # -- the child ------------------------------------------------------------------------------
@@ -397,6 +437,7 @@ class _RunInbox:
         self.pending: deque[GenerationRequest] = deque()
         self.aborted: frozenset[str] = frozenset()
         self.received: set[str] = set()
+        self.urgent = 0  # interactive requests in `pending`
         self.ended = False  # ("end",): no more requests (or the worker is gone)
         self.over = False  # ("over",): the parent took the run's last message
         self.orphaned = False  # the worker is gone: stop everything, answer nobody
@@ -412,10 +453,21 @@ class _RunInbox:
         except (EOFError, OSError):
             self.orphaned = self.ended = True
 
+    def next_request(self) -> GenerationRequest:
+        """The first interactive request pending, else the oldest."""
+        if self.urgent:
+            for request in self.pending:
+                if request.priority > 0:
+                    self.pending.remove(request)
+                    self.urgent -= 1
+                    return request
+        return self.pending.popleft()
+
     def _take(self, message: tuple[Any, ...]) -> None:
         if message[0] == "request":
             self.received.add(message[1].id)
             self.pending.append(message[1])
+            self.urgent += message[1].priority > 0
         elif message[0] == "abort":
             self.aborted = frozenset(message[1])
         elif message[0] == "end":
@@ -442,7 +494,7 @@ def _child_run(engine: Any, inbox: Any, outbox: Any, channel: Any = None) -> Non
         while True:
             messages.drain()
             if messages.pending:
-                yield messages.pending.popleft()
+                yield messages.next_request()
             elif messages.ended:
                 return
             elif contained.holding():
@@ -456,12 +508,22 @@ def _child_run(engine: Any, inbox: Any, outbox: Any, channel: Any = None) -> Non
         messages.drain()
         return set(messages.received) if messages.orphaned else messages.aborted
 
+    def urgent() -> bool:
+        messages.drain()
+        return messages.urgent > 0
+
     requests, poll = source(), stopped
+    # Ranks in lockstep pull only as the followers can replay: past the rows never.
+    pull_urgent: Callable[[], bool] | None = urgent
     if leader is not None:  # every answer to the engine reaches the other ranks too
-        requests, poll = leader.source(requests), leader.aborted(stopped)
-    for result in contained.generate(requests, aborted=poll):
+        requests, poll, pull_urgent = leader.source(requests), leader.aborted(stopped), None
+    for result in contained.generate(requests, aborted=poll, urgent=pull_urgent):
         messages.drain()  # a full engine asks its source nothing: notice an orphan here too
         if messages.orphaned:
+            continue
+        if isinstance(result, PartialResult):
+            with contextlib.suppress(OSError):
+                outbox.send(("partial", result))
             continue
         if leader is not None:
             result = leader.result(result)
