@@ -124,6 +124,16 @@ class MemoryChannels:
             return sum(v for v, expires in self._gauges.get(key, {}).values() if expires > now)
 
 
+# HSET the field, then extend the hash's expiry, never shorten it (PTTL is -1 for a hash
+# that has none yet).
+_GAUGE_SET = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+"""
+
+
 class RedisChannels:
     """Production channels: one Redis, shared by the web tier and every worker."""
 
@@ -132,6 +142,7 @@ class RedisChannels:
         self._url = url
         self._prefix = f"{namespace}:ch:"
         self._blocking = threading.local()
+        self._gauge_set = self._client.register_script(_GAUGE_SET)
 
     def _k(self, key: str) -> str:
         return self._prefix + key
@@ -176,11 +187,12 @@ class RedisChannels:
         return int(value)
 
     def gauge(self, key: str, field: str, value: int, *, ttl: float) -> None:
+        # The hash lives as long as its longest-lived field: a short report (a worker
+        # zeroing its own field as it stops) must not cut the others' expiry short.
         expires = time.time() + ttl
-        pipe = self._client.pipeline(transaction=False)
-        pipe.hset(self._k(key), field, f"{value}:{expires:.3f}")
-        pipe.expire(self._k(key), max(1, int(ttl + 0.999)))
-        pipe.execute()
+        self._gauge_set(
+            keys=[self._k(key)], args=[field, f"{value}:{expires:.3f}", max(1, int(ttl * 1000))]
+        )
 
     def gauge_sum(self, key: str) -> int:
         now = time.time()
