@@ -1,9 +1,11 @@
 """Two request classes on the real tiny model: interactive requests (priority 1) go ahead of
 batch rows and take their rows, stream partial text, free their rows within a step when
-aborted, and every step's busy time is shared out among both classes."""
+aborted, and every step's busy time is shared out among both classes; in the engine's own
+process too."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,6 +22,7 @@ from inference.engine import (
     SamplingParams,
     load_model,
 )
+from inference.engine.process import EngineProcess
 from inference.engine.types import PartialResult
 from inference.rendering import render_prompt
 
@@ -259,3 +262,57 @@ def test_the_busy_shares_of_mixed_steps_add_up_to_their_busy_time(loaded) -> Non
     shares = sum(r.busy_seconds for r in results)
     assert shares == pytest.approx(engine.busy_seconds_total - before, rel=1e-9)
     assert all(r.busy_seconds > 0 for r in results)
+
+
+def test_an_interactive_request_passes_the_batch_in_the_pipe_and_streams(
+    tiny_model_dir: Path, loaded
+) -> None:
+    model, tokenizer = loaded
+
+    batch = deque(
+        GenerationRequest(f"b{i}", prompt(tokenizer, f"Batch row {i}."), greedy(40), stream=i == 0)
+        for i in range(8)
+    )
+    chat = GenerationRequest("i", prompt(tokenizer, "Hello!"), greedy(8), priority=1, stream=True)
+    interactive: deque[GenerationRequest] = deque()
+    sent = False
+
+    def source() -> Iterator[GenerationRequest]:
+        nonlocal sent
+        while batch or not sent:
+            if interactive:
+                sent = True
+                yield interactive.popleft()
+            elif batch:
+                yield batch.popleft()
+            else:
+                time.sleep(0.01)
+
+    options = {"context_length": 2048, "max_batch_size": 2}
+    engine = EngineProcess(
+        load={"weights": str(tiny_model_dir)}, engine_options=options, tokenizer=tokenizer
+    )
+    try:
+        order: list[str] = []
+        partials: list[PartialResult] = []
+        results: dict[str, GenerationResult] = {}
+        for item in engine.generate(source(), urgent=lambda: bool(interactive)):
+            if isinstance(item, PartialResult):
+                partials.append(item)
+                if len(partials) == 3:
+                    # Both rows decode batch, two more wait in the child and one in the
+                    # feeder, out of credit: nothing ends for some 35 steps.
+                    interactive.append(chat)
+                continue
+            order.append(item.id)
+            results[item.id] = item
+    finally:
+        engine.close()
+
+    # The chat took a batch row and finished first.
+    assert order[0] == "i" and len(order) == 9
+    mine = [p for p in partials if p.id == "i"]
+    assert mine and {p.id for p in partials} == {"b0", "i"}
+    assert results["i"].choices[0].text.startswith("".join(p.text for p in mine))
+    here = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    assert results["i"].choices[0].token_ids == alone(here, chat)
