@@ -120,10 +120,10 @@ def test_sweep_leases_and_expiry_print_their_counts(api: Api, catalog_model: Any
     data = submit(api, rows(2))
     batch = Batch.objects.get(id=data["id"])
     items_claim(key=EngineKey(batch.revision_id), worker_id="crashed", limit=1)
-    assert sweep("leases")["leases"] == {"requeued": 0, "failed": 0}
+    assert sweep("leases")["leases"] == {"requeued": 0, "failed": 0, "holds_released": 0}
     with clock.travel(dt.timedelta(hours=1)):
         counts = sweep("leases")
-        assert counts["leases"] == {"requeued": 1, "failed": 0}
+        assert counts["leases"] == {"requeued": 1, "failed": 0, "holds_released": 0}
         assert set(counts) == {"leases", "wake"}  # nothing else ran
         assert counts["wake"]["engine_keys_with_work"] == 1
         assert sweep("expiry")["expiry"] == {"expired": 0}

@@ -18,7 +18,8 @@ from batches.sweeps import FINALIZE, SWEEP_KINDS, sweep_work
 
 class Command(BaseCommand):
     help = (
-        "Recover expired leases, expire overdue batches, finish stuck finalizations and "
+        "Recover expired leases (and the holds of interactive requests no worker settled), "
+        "expire overdue batches, finish stuck finalizations and "
         "shred files past retention; prints what it did, per kind."
     )
 
@@ -36,7 +37,11 @@ class Command(BaseCommand):
         report = sweep_work(only=only)
         counts: dict[str, dict[str, int]] = {}
         if "leases" in only:
-            counts["leases"] = {"requeued": report.requeued, "failed": report.failed}
+            counts["leases"] = {
+                "requeued": report.requeued,
+                "failed": report.failed,
+                "holds_released": report.holds_released,
+            }
         if "expiry" in only:
             counts["expiry"] = {"expired": len(report.expired)}
         if FINALIZE in only:
