@@ -1,11 +1,11 @@
 """The block manager: the only door between the scheduler and the key/value pool's blocks.
 
-Sequences hold block tables; this module alone fills and empties them and so alone touches the
-pool's reference counts (kv.py): reserving blocks for the tokens a step will compute (copying a
-shared block before it is written), reading a prompt's next blocks from the prefix cache,
-sealing the blocks that became full (hashing them for the cache), sharing a prefilled prompt
-with the other choices of its request (fork), and giving blocks back when a sequence ends or is
-preempted.
+Sequences hold block tables; this module alone fills and empties them (and their copy on the
+device, tables.py) and so alone touches the pool's reference counts (kv.py): reserving blocks
+for the tokens a step will compute (copying a shared block before it is written), reading a
+prompt's next blocks from the prefix cache, sealing the blocks that became full (hashing them
+for the cache), sharing a prefilled prompt with the other choices of its request (fork), and
+giving blocks back when a sequence ends or is preempted.
 
 A full block's digest chains its tokens to everything before it (its parent's digest), the
 request's cache scope and the media whose placeholders it holds (kv.block_digest).
@@ -72,10 +72,12 @@ class BlockManager:
                 pool.copy_block(src=shared, dst=own, tokens=start % bs)
                 pool.release([shared])
                 seq.blocks[index] = own
+                pool.tables.set(seq, index, own)
         while len(seq.blocks) * bs < start + want:
             block = pool.allocate()
             if block is None:
                 break
+            pool.tables.set(seq, len(seq.blocks), block)
             seq.blocks.append(block)
         return max(0, min(want, len(seq.blocks) * bs - start))
 
@@ -92,6 +94,7 @@ class BlockManager:
             block = self.pool.lookup(digest)
             if block is None:
                 return
+            self.pool.tables.set(seq, len(seq.blocks), block)
             seq.blocks.append(block)
             seq.digests.append(digest)
             seq.computed += bs
@@ -114,6 +117,7 @@ class BlockManager:
         for block in seq.blocks:
             self.pool.share(block)
         fork.blocks = list(seq.blocks)
+        self.pool.tables.extend(fork, fork.blocks)
         fork.digests = list(seq.digests)
         fork.prompt_digests = seq.prompt_digests
         fork.computed = seq.computed
@@ -121,6 +125,7 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         """Give the sequence's blocks back (it ended, failed or was aborted)."""
         self.pool.release(seq.blocks)
+        self.pool.tables.drop(seq)
         seq.blocks = []
 
     def reset(self, seq: Sequence) -> None:

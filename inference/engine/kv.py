@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .tables import DeviceTables
+
 
 class BlockPool:
     def __init__(
@@ -56,6 +58,8 @@ class BlockPool:
         self.block_hash: dict[int, bytes] = {}
         self.by_hash: dict[bytes, int] = {}
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
+        self.held = 0  # blocks referenced by at least one table
+        self.tables = DeviceTables(device)  # the tables' copy on the device (blocks.py)
 
     @property
     def available(self) -> int:
@@ -75,12 +79,14 @@ class BlockPool:
         else:
             return None
         self.refs[block] = 1
+        self.held += 1
         return block
 
     def release(self, blocks: list[int]) -> None:
         for block in blocks:
             self.refs[block] -= 1
             if self.refs[block] == 0:
+                self.held -= 1
                 if block in self.block_hash:
                     self.evictable[block] = None
                 else:
@@ -89,6 +95,7 @@ class BlockPool:
     def share(self, block: int) -> None:
         if self.refs[block] == 0:
             del self.evictable[block]
+            self.held += 1
         self.refs[block] += 1
 
     def lookup(self, digest: bytes) -> int | None:

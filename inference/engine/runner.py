@@ -24,7 +24,9 @@ from transformers.cache_utils import DynamicCache
 from . import attention as paged
 from .allocator import keep_freed_memory
 from .families import engine_refusal
+from .graphs import DecodeGraphs, graphs_wanted
 from .kv import BlockPool, PagedCache
+from .layout import packed_layout, padded_layout
 from .media import MediaEncoder
 from .sampling import sample
 from .sequence import Failed, Sequence, Work
@@ -52,9 +54,12 @@ class ModelRunner:
         kv_cache_bytes: int | None,
         max_num_blocks: int | None,
         processor: Any,
+        cuda_graphs: bool | None = None,
     ) -> None:
         """Refuses (ValueError) a model whose attention the pool cannot serve; sizes the pool
-        from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`)."""
+        from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`).
+        `cuda_graphs`: capture decoding steps (graphs.py; None: `BOARDWALK_ENGINE_CUDA_GRAPHS`,
+        on by default), only ever on CUDA."""
         config = model.config
         attention = getattr(config, "_attn_implementation", "sdpa")
         if attention not in _SUPPORTED_ATTENTION:
@@ -105,6 +110,17 @@ class ModelRunner:
             device=self.device,
         )
         self._cache = PagedCache(self.pool, gather=not self._paged)
+        # Captured steps replay the paged attention; the gathered path stays eager.
+        self._graphs = (
+            DecodeGraphs(
+                self._decode_step,
+                self.device,
+                max_rows=max_batch_size,
+                max_width=math.ceil(context_length / block_size),
+            )
+            if self._paged and graphs_wanted(self.device, cuda_graphs)
+            else None
+        )
 
     def _default_kv_bytes(self, everything: int, layers: int) -> int:
         """`everything`: the bytes of every row at full context."""
@@ -148,8 +164,8 @@ class ModelRunner:
                         logger.error("a sequence's forward failed: %s", type(alone).__name__)
                         failed.add(work[i][0].owner)
                 continue
-            for row, i in enumerate(group):
-                logits[i] = out[row]
+            for i, row in zip(group, out.unbind(0), strict=True):
+                logits[i] = row
         return logits
 
     def forward(self, work: Work) -> torch.Tensor:
@@ -172,23 +188,22 @@ class ModelRunner:
         starts_list = [seq.computed for seq, _ in work]
         lengths_list = [a + b for a, b in zip(starts_list, takes_list, strict=True)]
         width = math.ceil(max(lengths_list) / bs)
-        tables = [seq.blocks[:width] + [0] * (width - len(seq.blocks)) for seq, _ in work]
-        table = _to(tables, device)
+        table = self.pool.tables.gather([seq for seq, _ in work], width)
         lengths = _to(lengths_list, device)
-        padded = max(takes_list) == 1 and _decode_padded(tables, lengths_list, bs, self._key_width)
+        distinct = self._distinct_blocks(work, lengths_list)
+        padded = max(takes_list) == 1 and _decode_padded(
+            distinct, lengths_list, bs, self._key_width
+        )
         q_pos: torch.Tensor | None = None
         k_pos: torch.Tensor | None = None
         if padded:
             ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
-            k = torch.arange(width * bs, device=device)
-            inside = k[None, :] < lengths[:, None]
-            read = torch.where(inside, table[:, k // bs] * bs + k % bs, 0)
-            positions = (lengths - 1)[:, None]
-            write = table.gather(1, positions // bs) * bs + positions % bs
-            allowed = inside[:, None, None, :]
+            if self._graphs is not None and not any(seq.owner.request.media for seq, _ in work):
+                return self._usable(self._graphs.run(ids, table, lengths))
+            pad = padded_layout(table, lengths, block_size=bs, windowed=self._windowed)
+            read, write, positions, allowed = pad.read, pad.write, pad.positions, pad.allowed
+            q_pos, k_pos = pad.q_pos, pad.k_pos
             keep: int | torch.Tensor = 1
-            if self._windowed:
-                q_pos, k_pos = positions[:, None, :, None], k[None, None, None, :]
         else:
             ids = _to(
                 [[t for seq, take in work for t in seq.span(seq.computed, seq.computed + take)]],
@@ -197,86 +212,112 @@ class ModelRunner:
             takes, starts = _to(takes_list, device), _to(starts_list, device)
             # Sizes the host knows are passed along, so that no op has to read a count back
             # from the device (a synchronisation on a GPU).
-            n_q, n_k = sum(takes_list), sum(lengths_list)
-            distinct = _distinct_blocks(tables, lengths_list, bs)
-            rows = torch.arange(len(work), device=device)
-            q_row = rows.repeat_interleave(takes, output_size=n_q)
-            q_first = torch.cumsum(takes, 0) - takes
-            q_at = torch.arange(n_q, device=device) - q_first[q_row] + starts[q_row]
-            k_row = rows.repeat_interleave(lengths, output_size=n_k)
-            k_first = torch.cumsum(lengths, 0) - lengths
-            k_at = torch.arange(n_k, device=device) - k_first[k_row]
-            k_block = table[k_row, k_at // bs]
-            # The step's distinct blocks in ascending order, each slot of them one column: a
-            # slot read by several sequences (a shared prefix) is read once.
-            present = torch.zeros(self.pool.num_blocks, dtype=torch.bool, device=device)
-            present[k_block] = True
-            blocks = torch.nonzero_static(present, size=distinct).reshape(-1)
-            rank = torch.zeros(self.pool.num_blocks, dtype=torch.long, device=device)
-            rank[blocks] = torch.arange(distinct, device=device)
-            column = rank[k_block] * bs + k_at % bs
-            # Slots no sequence has reached yet hold no key: they read the zeroed block 0.
-            reached = torch.zeros(distinct * bs, dtype=torch.bool, device=device)
-            reached[column] = True
-            slots = (blocks[:, None] * bs + torch.arange(bs, device=device)).reshape(-1)
-            unique = torch.where(reached, slots, 0)
-            # Keys are already rotated (RoPE) in the cache, so their order in the product is
-            # free.
-            pair = (q_row[:, None] == k_row[None, :]) & (k_at[None, :] <= q_at[:, None])
-            union = torch.zeros((n_q, distinct * bs), dtype=torch.uint8, device=device)
-            union.scatter_reduce_(1, column.expand(n_q, -1), pair.to(torch.uint8), "amax")
-            read = unique[None]
-            write = (table[q_row, q_at // bs] * bs + q_at % bs)[None]
-            positions = q_at[None]
-            allowed = union.bool()[None, None]
-            keep = torch.cumsum(takes, 0) - 1
-            if self._windowed:
-                # A slot read by several sequences (a shared prefix) is at the same position in
-                # each of them: blocks are shared from the first block on.
-                at = torch.zeros(distinct * bs, dtype=k_at.dtype, device=device)
-                q_pos, k_pos = (
-                    q_at[None, None, :, None],
-                    at.scatter_(0, column, k_at)[None, None, None],
-                )
+            packed = packed_layout(
+                table,
+                lengths,
+                takes,
+                starts,
+                n_q=sum(takes_list),
+                n_pairs=sum(t * -(-n // bs) for t, n in zip(takes_list, lengths_list, strict=True)),
+                distinct=distinct,
+                num_blocks=self.pool.num_blocks,
+                block_size=bs,
+                windowed=self._windowed,
+            )
+            read, write, positions, allowed = (
+                packed.read,
+                packed.write,
+                packed.positions,
+                packed.allowed,
+            )
+            keep = packed.keep
+            q_pos, k_pos = packed.q_pos, packed.k_pos
         embeds = self._media_embeddings(ids, work, packed=not padded)
         tokens: dict[str, torch.Tensor] = (
             {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         )
-        cache = self._cache.point(write=write, read=read)
-        if self._paged:
-            step = paged.StepAttention(self.pool, read, allowed, q_pos, k_pos)
-            with paged.implementation(self._text_config, paged.PAGED), paged.step(step):
-                out = self.model(
-                    **tokens,
-                    position_ids=positions,
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=keep,
-                )
-        else:
-            mask: torch.Tensor = allowed
-            if self._attention == "eager":
-                mask = torch.zeros(allowed.shape, dtype=self._dtype, device=device).masked_fill_(
-                    ~allowed, torch.finfo(self._dtype).min
-                )
-            out = self.model(
-                **tokens,
-                attention_mask=mask,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
+        out = self._call_model(tokens, positions, write, read, allowed, q_pos, k_pos, keep)
         if isinstance(keep, int):
             logits = out.logits[:, -1]
         elif out.logits.shape[1] == keep.shape[0]:
             logits = out.logits[0]
         else:  # a model that ignores logits_to_keep (Qwen2-Audio) gives every position back
             logits = out.logits[0, keep]
+        return self._usable(logits)
+
+    def _usable(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_size > self._tokenizer_size:
             # Padded embedding rows have no token behind them.
             logits[:, self._tokenizer_size :] = float("-inf")
         return logits
+
+    def _call_model(
+        self,
+        tokens: dict[str, torch.Tensor],
+        positions: torch.Tensor,
+        write: torch.Tensor,
+        read: torch.Tensor,
+        allowed: torch.Tensor,
+        q_pos: torch.Tensor | None,
+        k_pos: torch.Tensor | None,
+        keep: int | torch.Tensor,
+    ) -> Any:
+        """The model's forward over the pool: its own attention reads the step's slots
+        (attention.py) where it goes through transformers' interface, else the cache gathers
+        them and `allowed` becomes the model's attention mask."""
+        cache = self._cache.point(write=write, read=read)
+        if self._paged:
+            step = paged.StepAttention(self.pool, read, allowed, q_pos, k_pos)
+            with paged.implementation(self._text_config, paged.PAGED), paged.step(step):
+                return self.model(
+                    **tokens,
+                    position_ids=positions,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=keep,
+                )
+        mask: torch.Tensor = allowed
+        if self._attention == "eager":
+            mask = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device).masked_fill_(
+                ~allowed, torch.finfo(self._dtype).min
+            )
+        return self.model(
+            **tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+
+    def _decode_step(
+        self, ids: torch.Tensor, table: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """A padded decoding step from its three inputs alone (what graphs.py captures)."""
+        pad = padded_layout(table, lengths, block_size=self.block_size, windowed=self._windowed)
+        out = self._call_model(
+            {"input_ids": ids},
+            pad.positions,
+            pad.write,
+            pad.read,
+            pad.allowed,
+            pad.q_pos,
+            pad.k_pos,
+            1,
+        )
+        return out.logits[:, -1]
+
+    def _distinct_blocks(self, work: Work, lengths: list[int]) -> int:
+        """How many distinct blocks the keys of the step's rows lie in (`lengths`: each row's
+        keys). In steady decoding every sequence holding blocks is in the step and holds just
+        the blocks it reads: then it is the pool's count of held blocks, without a look at the
+        tables."""
+        bs = self.block_size
+        if len(work) == self.pool.tables.holders and all(
+            len(seq.blocks) == -(-n // bs) for (seq, _), n in zip(work, lengths, strict=True)
+        ):
+            return self.pool.held
+        return _distinct_blocks([seq.blocks for seq, _ in work], lengths, bs)
 
     def _media_embeddings(
         self, ids: torch.Tensor, work: Work, *, packed: bool
@@ -365,10 +406,10 @@ def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, bool]
 
 
 def _decode_padded(
-    tables: list[list[int]], lengths: list[int], block_size: int, key_width: float
+    tables: int | list[list[int]], lengths: list[int], block_size: int, key_width: float
 ) -> bool:
     """Whether decoding rows are cheaper padded to the longest row than packed over the union
-    of their slots.
+    of their slots (`tables`: the rows' block tables, or the number of distinct blocks in them).
 
     Per query, the packed product visits every distinct slot (a multiply-add per head and
     dimension, and a mask entry), the padded one gathers and reads its row's slots padded to
@@ -380,7 +421,7 @@ def _decode_padded(
     64-wide heads they stay packed (padded was 0.84x on the bench model), and so do rows
     sharing a prompt.
     """
-    distinct = _distinct_blocks(tables, lengths, block_size)
+    distinct = tables if isinstance(tables, int) else _distinct_blocks(tables, lengths, block_size)
     return 2 * distinct * block_size > max(lengths) * key_width
 
 
