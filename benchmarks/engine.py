@@ -32,7 +32,8 @@ decodes 64 tokens (max_batch_size = rows), and the wall time outside the model's
 divided by the forwards (the goal: at most 0.5 ms per forward at 256 rows). With
 `--old-engine` (a copy of an older `inference/engine`, e.g. `git archive REV inference/engine |
 tar -x -C /tmp/old`, then `/tmp/old/inference/engine`) that engine runs too, alternating, in
-the same process.
+the same process. With `--shared-prefix` the rows share the 500-token system prompt, so
+decoding takes the packed layout (one key per shared slot) instead of the padded one.
 
 `--structured [options of benchmarks/structured.py]` runs that script: the same batch with and
 without JSON schemas on half of its rows.
@@ -216,6 +217,14 @@ def make_requests(
     return requests
 
 
+def long_system(tokenizer: Any) -> str:
+    """A system prompt of about 500 tokens."""
+    system = " ".join(_CORPUS.split()[:1000])
+    while len(tokenizer(system)["input_ids"]) > 500:
+        system = system.rsplit(" ", 1)[0]
+    return system
+
+
 def _until_eos(tokens: list[int], eos: int) -> int:
     return tokens.index(eos) + 1 if eos in tokens else len(tokens)
 
@@ -360,8 +369,9 @@ def host_time(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
     if args.old_engine:
         engines = {"old": load_engine_class(args.old_engine), **engines}
     tokens = 64
+    system = long_system(tokenizer) if args.shared_prefix else "You are a helpful assistant."
     for rows in args.host_rows:
-        requests = make_requests(tokenizer, rows, args.seed)
+        requests = make_requests(tokenizer, rows, args.seed, system=system)
         for r in requests:
             r.params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
         built = {
@@ -446,9 +456,7 @@ def main() -> None:
     )
 
     if args.shared_prefix:
-        system = " ".join(_CORPUS.split()[:1000])
-        while len(tokenizer(system)["input_ids"]) > 500:
-            system = system.rsplit(" ", 1)[0]
+        system = long_system(tokenizer)
         for count in args.requests:
             requests = make_requests(tokenizer, count, args.seed, system=system)
             expected = [hidden.length(len(r.prompt_ids)) for r in requests]
