@@ -42,9 +42,9 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
     serve_wake(
         EngineKey(revision_id, deployment_id),
         budget_seconds=ENGINE_BUDGET_SECONDS,
-        wake=lambda: _wake_another(revision_id, deployment_id),
-        finalize=_finalize_now,
-        finalize_later=_finalize_later,
+        wake=lambda: wake_another(revision_id, deployment_id),
+        finalize=finalize_now,
+        finalize_later=finalize_later,
     )
 
 
@@ -71,15 +71,18 @@ def join_waiting_work() -> set[EngineKey]:
     return keys
 
 
-def _finalize_now(batch_id: str) -> None:
+def finalize_now(batch_id: str) -> None:
+    """Ask a worker to finalize the batch now (a run recorded its last result)."""
     finalize.send(batch_id)
 
 
-def _finalize_later(batch_id: str) -> None:
+def finalize_later(batch_id: str) -> None:
+    """Ask again after a while: the batch's stopping workers still let go of it."""
     finalize.send_with_options(args=(batch_id,), delay=FINALIZE_RETRY_MS)
 
 
-def _wake_another(revision_id: str, deployment_id: str) -> None:
+def wake_another(revision_id: str, deployment_id: str) -> None:
+    """One more batch wake-up for the key, so an idle worker joins in."""
     engine_wake.send(revision_id, deployment_id)
 
 
@@ -88,7 +91,7 @@ def finalize(batch_id: str) -> None:
     try:
         batch_finalize(batch_id=batch_id)
     except NotReady:
-        _finalize_later(batch_id)
+        finalize_later(batch_id)
 
 
 @dramatiq.actor(queue_name="batches", max_retries=0)

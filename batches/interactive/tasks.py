@@ -9,10 +9,15 @@ from __future__ import annotations
 import dramatiq
 
 from batches.queue import EngineKey
-from batches.tasks import ENGINE_BUDGET_SECONDS, ENGINE_TIME_LIMIT_MS, engine_wake, finalize
+from batches.tasks import (
+    ENGINE_BUDGET_SECONDS,
+    ENGINE_TIME_LIMIT_MS,
+    finalize_later,
+    finalize_now,
+    wake_another,
+)
 
 INTERACTIVE_WAKE_PRIORITY = 0  # before every batch wake-up (10) a worker holds
-FINALIZE_RETRY_MS = 2_000
 
 
 @dramatiq.actor(
@@ -25,23 +30,11 @@ def interactive_wake(revision_id: str, deployment_id: str = "") -> None:
     # Imported here: the web process declares this actor only to send it (no engine there).
     from batches.execution import serve_wake
 
-    def wake_batch() -> None:
-        engine_wake.send(revision_id, deployment_id)
-
-    def wake_again() -> None:
-        interactive_wake.send(revision_id, deployment_id)
-
-    def finalize_now(batch_id: str) -> None:
-        finalize.send(batch_id)
-
-    def finalize_later(batch_id: str) -> None:
-        finalize.send_with_options(args=(batch_id,), delay=FINALIZE_RETRY_MS)
-
     serve_wake(
         EngineKey(revision_id, deployment_id),
         budget_seconds=ENGINE_BUDGET_SECONDS,
-        wake=wake_batch,
+        wake=lambda: wake_another(revision_id, deployment_id),
         finalize=finalize_now,
         finalize_later=finalize_later,
-        wake_interactive=wake_again,
+        wake_interactive=lambda: interactive_wake.send(revision_id, deployment_id),
     )
