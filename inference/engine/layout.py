@@ -127,9 +127,13 @@ def padded_layout(
     `lengths` ([rows]): tokens stored after the step, the new one included. Shapes depend on
     `table`'s only, so that a captured step (graphs.py) replays with new values."""
     bs = block_size
-    k = torch.arange(table.shape[1] * bs, device=table.device)
+    rows, width = table.shape
+    k = torch.arange(width * bs, device=table.device)
     inside = k[None, :] < lengths[:, None]
-    read = torch.where(inside, table[:, k // bs] * bs + k % bs, 0)
+    # Each block's slots by broadcasting, not by indexing the table per key (several times
+    # slower on CPU).
+    slots = (table[:, :, None] * bs + k[:bs]).reshape(rows, width * bs)
+    read = torch.where(inside, slots, 0)
     positions = (lengths - 1)[:, None]
     write = table.gather(1, positions // bs) * bs + positions % bs
     q_pos = k_pos = None
