@@ -185,6 +185,9 @@ def revision_check(revision: ModelRevision, *, tokens: int = 4) -> GenerationRes
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     request = GenerationRequest("check", ids, SamplingParams(max_new_tokens=tokens, temperature=0))
     try:
-        return next(iter(engine.generate([request])))
+        for result in engine.generate([request]):
+            if isinstance(result, GenerationResult):  # the request does not stream
+                return result
+        raise ModelLoadError("the engine answered nothing")
     finally:
         _close(engine)

@@ -159,15 +159,18 @@ class Run:
     # -- the engine loop, with containment --------------------------------------------------
 
     def _generate(
-        self, source: Iterator[GenerationRequest], aborted: Callable[[], frozenset[str]]
-    ) -> Iterator[GenerationResult]:
+        self,
+        source: Iterator[GenerationRequest],
+        aborted: Callable[[], frozenset[str]],
+        urgent: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationResult | PartialResult]:
         """The engine's results; a request that makes it raise is isolated (see module doc):
         in the engine process itself (`EngineProcess`), or here around an in-process one."""
         runner: GenerationEngine = (
             self.engine if self.engine.contains_failures else Contained(self.engine)
         )
         try:
-            yield from runner.generate(source, aborted=aborted)
+            yield from runner.generate(source, aborted=aborted, urgent=urgent)
         finally:
             if runner.broken:
                 # Not one request: the engine itself is broken. Stop; whatever is still
@@ -194,6 +197,8 @@ class Run:
                 return self._stopping
 
             for result in self._generate(source(), aborted):
+                if isinstance(result, PartialResult):  # only interactive requests stream
+                    continue
                 finished = self._finished(result)
                 if finished is not None:
                     self._write([finished])
@@ -257,7 +262,11 @@ class Run:
                 yield request
 
         try:
-            for result in self._generate(source(), lambda: self._stopping | feed.aborted()):
+            # An interactive request waiting ahead of the batch rows is pulled even by a full
+            # engine, which gives it a batch sequence's row.
+            for result in self._generate(
+                source(), lambda: self._stopping | feed.aborted(), urgent=lambda: bool(ahead.first)
+            ):
                 if isinstance(result, PartialResult):
                     feed.partial(result)
                     continue

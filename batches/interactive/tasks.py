@@ -36,5 +36,9 @@ def interactive_wake(revision_id: str, deployment_id: str = "") -> None:
         wake=lambda: wake_another(revision_id, deployment_id),
         finalize=finalize_now,
         finalize_later=finalize_later,
-        wake_interactive=lambda: interactive_wake.send(revision_id, deployment_id),
+        wake_interactive=lambda: _send_again(revision_id, deployment_id),
     )
+
+
+def _send_again(revision_id: str, deployment_id: str) -> None:
+    interactive_wake.send(revision_id, deployment_id)

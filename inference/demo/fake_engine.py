@@ -57,7 +57,8 @@ class FakeEngine:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[Any]:  # GenerationResults and PartialResults (the protocol names the first)
+        urgent: Callable[[], bool] | None = None,  # a fake has no rows to give up: ignored
+    ) -> Iterator[GenerationResult | PartialResult]:
         source = iter(requests)
         rows: dict[str, list[Any]] = {}  # id → [request, tokens so far, busy seconds]
         exhausted = False

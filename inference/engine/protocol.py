@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Protocol
 
-from .types import GenerationRequest, GenerationResult
+from .types import GenerationRequest, GenerationResult, PartialResult
 
 
 class GenerationEngine(Protocol):
@@ -43,9 +43,13 @@ class GenerationEngine(Protocol):
         /,
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-    ) -> Iterator[GenerationResult]:
+        urgent: Callable[[], bool] | None = None,
+    ) -> Iterator[GenerationResult | PartialResult]:
         """Results as they finish, pulling requests lazily (they may yield NOT_READY);
-        requests whose id `aborted()` returns end with aborted=True."""
+        requests whose id `aborted()` returns end with aborted=True. Streaming requests
+        (`stream=True`) also get a PartialResult per step with their new text. `urgent()`:
+        whether the source's next request is interactive, which a full engine still pulls
+        (it takes its row from a batch sequence)."""
         ...
 
     def clear_prefix_cache(self) -> None:

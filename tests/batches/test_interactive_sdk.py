@@ -20,7 +20,7 @@ from boardwalk.metrics import labels_text
 from boardwalk.services import api_key_create
 from inference import runtime
 from inference.demo.fake_engine import WORD, FakeEngine
-from inference.engine.types import GenerationResult
+from inference.engine.types import NOT_READY, GenerationResult
 from tests.batches.test_interactive_metrics import samples
 from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
 from tests.conftest import Tenant
@@ -298,3 +298,58 @@ def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
         time.sleep(0.05)
     assert not settled.filter(kind="charge").exists()  # an aborted catalog request costs nothing
     assert credit_for_org(org_id=tenant.org.id) == before
+
+
+class UrgentRecordingFake(FakeEngine):
+    """The fake engine, recording whether the run ever said an interactive request waits
+    ahead of the batch rows (a full real engine then gives it a batch sequence's row)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.urgent_seen = False
+        self.rows_in_flight = 0
+
+    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
+        def pulled() -> Iterator[Any]:
+            for request in requests:
+                if request is not NOT_READY:
+                    self.rows_in_flight += 1
+                yield request
+
+        def asked() -> Collection[str]:
+            self.urgent_seen |= bool(urgent is not None and urgent())
+            return aborted() if aborted is not None else ()
+
+        for result in super().generate(pulled(), aborted=asked):
+            if isinstance(result, GenerationResult):
+                self.rows_in_flight -= 1
+            yield result
+
+
+def test_an_interactive_request_behind_a_full_engine_is_marked_urgent(
+    client, priced, api, in_process_worker
+):
+    from tests.batches.conftest import rows, submit
+
+    revision = priced.revision
+    real = runtime.engine_for(revision)
+    fake = UrgentRecordingFake(
+        real.tokenizer,
+        context_length=revision.context_length,
+        max_batch_size=1,  # one batch row fills it
+        step_seconds=0.02,
+        abort_poll_seconds=0.02,
+    )
+    runtime._engines[revision.id] = fake
+    try:
+        submit(api, rows(1, max_tokens=60))
+        deadline = time.monotonic() + 60
+        while fake.rows_in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fake.rows_in_flight == 1  # the batch row holds the engine's only row
+        client.chat.completions.create(
+            model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=2
+        )
+    finally:
+        runtime._engines[revision.id] = real
+    assert fake.urgent_seen
