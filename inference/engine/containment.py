@@ -4,8 +4,9 @@ that request's error result, and the others go on.
 When `generate` raises, the requests it had pulled and not answered are the suspects: each
 runs again alone; one that raises alone ends with `internal_error`, the others complete. Then
 generation resumes on the rest of the source. When every suspect (more than one) fails alone,
-the engine itself is broken (`broken` is set) and the run stops: whatever was not answered is
-left to the caller, who hands it back (its attempts are bounded where it was claimed).
+or the engine raises holding none, the engine itself is broken (`broken` is set) and the run
+stops: whatever was not answered is left to the caller, who hands it back (its attempts are
+bounded where it was claimed).
 
 Used where the engine runs: the worker's inline pipeline, and the engine process (so a
 request that kills a step is isolated there, next to the engine, not across the pipe).
@@ -90,6 +91,11 @@ class Contained:
                 with self._lock:
                     suspects = list(self._in_engine.values())
                     self._in_engine.clear()
+                if not suspects:
+                    # It raised holding no request of the source's: no request is to blame,
+                    # and calling it again would fail the same way, for ever.
+                    self.broken = True
+                    return
                 failures = 0
                 for request in suspects:
                     try:

@@ -451,7 +451,9 @@ def test_a_worker_claims_no_more_than_its_engine_and_queue_take(api: Api, catalo
     pulled = 0
 
     class Counting(FakeEngine):
-        def generate(self, requests: Any, *, aborted: Any = None) -> Iterator[Any]:
+        def generate(
+            self, requests: Any, *, aborted: Any = None, urgent: Any = None
+        ) -> Iterator[Any]:
             def counted() -> Iterator[Any]:
                 nonlocal pulled
                 for request in requests:
