@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cryptography.exceptions import InvalidTag
 from django.db import connection
 
 from batches.interactive.config import setting
@@ -33,6 +34,7 @@ from batches.liveness import worker_id
 from batches.queue import EngineKey
 from boardwalk.channels import channels
 from boardwalk.codes import ItemCode
+from files.crypto import CryptoError
 from inference.chat_completions import completion_body, sampling_params
 from inference.engine.types import GenerationRequest, GenerationResult, PartialResult
 from inference.prompt_bounds import bounded_prompt_ids
@@ -165,8 +167,15 @@ class InteractiveFeed:
                     last_report = time.monotonic()
                     self._report()
                 raw = self.channels.pop(request_channel(self.key), timeout=POP_SECONDS)
-                if raw is not None:
-                    self._take(Submitted.decode(raw))
+                if raw is None:
+                    continue
+                try:
+                    submitted = Submitted.decode(raw)
+                except (CryptoError, InvalidTag, ValueError, TypeError) as exc:
+                    # Not sealed by a web process with our master keys: nobody to answer.
+                    logger.error("interactive request refused: %s", type(exc).__name__)
+                    continue
+                self._take(submitted)
         except Exception as exc:
             logger.error("interactive feed of %s stopped: %s", self.key, type(exc).__name__)
         finally:
@@ -218,7 +227,9 @@ class InteractiveFeed:
     def _reply(self, submitted: Submitted, kind: str, **fields: Any) -> None:
         try:
             self.channels.push(
-                reply_channel(submitted.id), encode_reply(kind, **fields), ttl=REPLY_TTL_SECONDS
+                reply_channel(submitted.id),
+                encode_reply(submitted, kind, **fields),
+                ttl=REPLY_TTL_SECONDS,
             )
         except Exception as exc:
             logger.warning("reply to %s lost: %s", submitted.id, type(exc).__name__)

@@ -3,19 +3,24 @@
 Keys: one request list per engine key (every worker serving the key pops from it, so Redis
 hands each request to exactly one), one reply list per request, one abort flag per request,
 one headroom gauge per key (free rows, per worker) and one of the requests each worker runs.
-The request message carries the body (content): it lives only in the channel, which
-expires, never in a row or a log.
+The request message carries the body and the replies carry the completion (content): both
+are sealed (AES-256-GCM) under a data key of the request's own, which travels wrapped by the
+master key (files.crypto.Keyring, as a file's does), so the broker holds ciphertext only; the
+channel expires, and content is never in a row or a log.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from batches.queue import EngineKey
 from boardwalk.channels import channels
+from files.crypto import Keyring, new_data_key
+from files.sealing import seal, unseal
 
 REQUEST_PREFIX = "ia:"  # GenerationRequest ids of interactive requests start with this
 
@@ -65,24 +70,44 @@ class Submitted:
     prices: list[int] | None = None
     gpu_second_price: int = 0
     service_tier: str = "default"
+    # The request's own key: seals this message and every reply; never sent in the clear.
+    data_key: bytes = field(default_factory=new_data_key, repr=False)
 
     @property
     def generation_id(self) -> str:
         return REQUEST_PREFIX + self.id
 
     def encode(self) -> bytes:
-        return orjson.dumps(self.__dict__)
+        fields = {k: v for k, v in self.__dict__.items() if k != "data_key"}
+        key_id, wrapped = Keyring.current().wrap(self.data_key)
+        sealed = seal(self.data_key, orjson.dumps(fields), _aad(self.id, "request"))
+        return orjson.dumps(
+            {"id": self.id, "key_id": key_id, "wrapped": _b64(wrapped)} | {"sealed": _b64(sealed)}
+        )
 
     @classmethod
     def decode(cls, raw: bytes) -> Submitted:
-        return cls(**orjson.loads(raw))
+        envelope = orjson.loads(raw)
+        key = Keyring.current().unwrap(envelope["key_id"], base64.b64decode(envelope["wrapped"]))
+        plain = unseal(key, base64.b64decode(envelope["sealed"]), _aad(envelope["id"], "request"))
+        return cls(**orjson.loads(plain), data_key=key)
 
 
-def encode_reply(kind: str, **fields: Any) -> bytes:
+def encode_reply(submitted: Submitted, kind: str, **fields: Any) -> bytes:
     """kind: "taken" (a worker has it), "delta" (index, text), "result" (body: the
-    completion), "error" (code), "aborted" (its client went away)."""
-    return orjson.dumps({"kind": kind, **fields})
+    completion), "error" (code), "aborted" (its client went away); sealed under the
+    request's key."""
+    plain = orjson.dumps({"kind": kind, **fields})
+    return seal(submitted.data_key, plain, _aad(submitted.id, "reply"))
 
 
-def decode_reply(raw: bytes) -> dict[str, Any]:
-    return orjson.loads(raw)
+def decode_reply(submitted: Submitted, raw: bytes) -> dict[str, Any]:
+    return orjson.loads(unseal(submitted.data_key, raw, _aad(submitted.id, "reply")))  # type: ignore[no-any-return]
+
+
+def _aad(request_id: str, kind: str) -> bytes:
+    return f"boardwalk:interactive:{kind}:{request_id}".encode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()

@@ -75,4 +75,4 @@ def _pop(accepted: Accepted, timeout: float) -> dict[str, Any] | None:
     if timeout <= 0:
         return None
     raw = channels().pop(reply_channel(accepted.submitted.id), timeout=timeout)
-    return None if raw is None else decode_reply(raw)
+    return None if raw is None else decode_reply(accepted.submitted, raw)

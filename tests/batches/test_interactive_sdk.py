@@ -230,7 +230,7 @@ class RecordingFake(FakeEngine):
         self.told: set[str] = set()
         self.freed: list[str] = []
 
-    def generate(self, requests: Any, *, aborted: Any = None) -> Iterator[Any]:
+    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
         def asked() -> Collection[str]:
             ids = set(aborted()) if aborted is not None else set()
             self.told |= ids
