@@ -16,6 +16,7 @@ from openai import OpenAI
 
 from billing.models import LedgerEntry, UsageEvent
 from billing.selectors import credit_for_org
+from boardwalk.channels import channels
 from boardwalk.metrics import labels_text
 from boardwalk.services import api_key_create
 from inference import runtime
@@ -353,3 +354,32 @@ def test_an_interactive_request_behind_a_full_engine_is_marked_urgent(
     finally:
         runtime._engines[revision.id] = real
     assert fake.urgent_seen
+
+
+CONTENT_MARKER = "PLAINTEXT-MARKER-do-not-send"
+
+
+def test_no_content_crosses_the_channels_in_the_clear(
+    client, priced, in_process_worker, monkeypatch
+):
+    store = channels()
+    sent: list[bytes] = []
+    push = store.push
+
+    def recording(key: str, message: bytes, *, ttl: float) -> None:
+        sent.append(message)
+        push(key, message, ttl=ttl)
+
+    monkeypatch.setattr(store, "push", recording)
+    completion = client.chat.completions.create(
+        model="boardwalk/tiny-chat",
+        messages=[{"role": "user", "content": CONTENT_MARKER}],
+        max_completion_tokens=8,
+        temperature=0,
+    )
+    text = completion.choices[0].message.content or ""
+    assert len(sent) >= 3  # the request, "taken", the result
+    for message in sent:
+        assert CONTENT_MARKER.encode() not in message
+        if len(text) >= 4:
+            assert text.encode() not in message
