@@ -58,6 +58,34 @@ class BlockManager:
             needed += 1  # copy on write
         return needed
 
+    def needed_decoding(self, seqs: list[Sequence]) -> int:
+        """New blocks these sequences take to compute one token each (`needed(seq, 1)`
+        summed, without a call per sequence: the decoding step's hot path)."""
+        bs, refs = self.block_size, self.pool.refs
+        count = 0
+        for seq in seqs:
+            computed = seq.computed
+            if computed % bs == 0:
+                count += computed // bs >= len(seq.blocks)
+            else:
+                count += refs[seq.blocks[computed // bs]] > 1  # copy on write
+        return count
+
+    def grow_decoding(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Reserve the slot of one token for each sequence (`grow(seq, 1)`); returns those that
+        got it. A sequence whose slot lies in a block it holds alone costs no call."""
+        bs, refs = self.block_size, self.pool.refs
+        fit: list[Sequence] = []
+        for seq in seqs:
+            computed = seq.computed
+            index, offset = divmod(computed, bs)
+            # Mid-block: a shared block is copied before it is written; at a block's start: a
+            # new block unless it is reserved already.
+            simple = refs[seq.blocks[index]] == 1 if offset else index < len(seq.blocks)
+            if simple or self.grow(seq, 1):
+                fit.append(seq)
+        return fit
+
     def grow(self, seq: Sequence, want: int) -> int:
         """Reserve blocks for the next `want` tokens of `seq`; returns how many fit."""
         pool, bs = self.pool, self.block_size
@@ -104,6 +132,8 @@ class BlockManager:
     def seal(self, seq: Sequence) -> None:
         """Hash the blocks that became full and offer them to the prefix cache."""
         bs = self.block_size
+        if len(seq.digests) >= seq.computed // bs:
+            return
         scope = seq.owner.request.cache_scope
         while len(seq.digests) < seq.computed // bs:
             i = len(seq.digests)

@@ -144,6 +144,7 @@ class Engine:
             max_batch_size=self.max_batch_size,
             max_step_tokens=self.max_step_tokens,
             context_length=self.context_length,
+            vocab_size=self._runner.vocab_size,
             media_modalities=self.media_modalities,
             new_sequence=self._sequence,
         )
@@ -166,7 +167,7 @@ class Engine:
                         owner.reported = True
                         yield _empty_result(owner, aborted=True)
 
-                in_use = scheduler.rows_in_use()
+                in_use = 0 if exhausted else scheduler.rows_in_use()
                 while not exhausted and (
                     in_use < self.max_batch_size or (urgent is not None and urgent())
                 ):
@@ -282,13 +283,17 @@ class Engine:
                 self._runner.release_memory()
 
         stepped = [seq for seq, _ in work]
-        sampled, rows = scheduler.computed(work, logits, failed)
+        sampled, rows = scheduler.computed(work, logits.ok, failed)
         scheduler.drop(failed.owners)
-        keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
-        sampled = [sampled[i] for i in keep]
-        if not sampled:
+        if failed.owners:
+            keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
+            sampled, rows = [sampled[i] for i in keep], [rows[i] for i in keep]
+        if not sampled or logits.values is None:
             return stepped, [], [], failed
-        tokens = self._runner.next_tokens(torch.stack([rows[i] for i in keep]), sampled, failed)
+        values = logits.values
+        if len(rows) != len(work) or rows != list(range(len(work))):
+            values = values[torch.tensor(rows, dtype=torch.long).to(values.device)]
+        tokens = self._runner.next_tokens(values, sampled, failed)
         finished = self._advance(sampled, tokens, failed)
         scheduler.finish(finished)
         scheduler.drop(failed.owners)
@@ -307,8 +312,17 @@ class Engine:
     ) -> list[Sequence]:
         """Append each sequence's new token; returns those that finished."""
         finished: list[Sequence] = []
+        eos, owners = self.eos_token_ids, failed.owners
         for seq, token in zip(sequences, tokens, strict=True):
-            if token is None or seq.owner in failed.owners:
+            if token is None or (owners and seq.owner in owners):
+                continue
+            params = seq.owner.request.params
+            if (
+                not params.stop
+                and (params.ignore_eos or token not in eos)
+                and len(seq.tokens) + 1 < params.max_new_tokens
+            ):
+                seq.tokens.append(token)  # goes on: what `_append` would conclude, cheaper
                 continue
             try:
                 reason = self._append(seq, token)

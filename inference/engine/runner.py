@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -136,13 +137,16 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def run(self, work: Work, failed: Failed) -> list[torch.Tensor | None]:
-        """Logits of the last computed position of each scheduled sequence (None for one
-        whose forward failed). Decoding rows and prompt pieces run as two forwards, so one
-        token rows are not padded to a prompt piece's length."""
-        logits: list[torch.Tensor | None] = [None] * len(work)
+    def run(self, work: Work, failed: Failed) -> StepLogits:
+        """Logits of the last computed position of each scheduled sequence, in the order of
+        `work` (a row whose forward failed is marked, its request added to `failed`).
+        Decoding rows and prompt pieces run as two forwards, so one token rows are not padded
+        to a prompt piece's length."""
+        ok = [True] * len(work)
+        values: torch.Tensor | None = None
+        singles = [take == 1 for _, take in work]
         for single in (True, False):
-            group = [i for i, (_, take) in enumerate(work) if (take == 1) == single]
+            group = [i for i, one in enumerate(singles) if one == single]
             if not group:
                 continue
             try:
@@ -153,20 +157,24 @@ class ModelRunner:
                 if len(group) == 1:
                     logger.error("a sequence's forward failed: %s", type(exc).__name__)
                     failed.add(work[group[0]][0].owner)
+                    ok[group[0]] = False
                     continue
                 # Find the culprit: each sequence alone.
                 for i in group:
                     try:
-                        logits[i] = self.forward([work[i]])[0]
+                        row = self.forward([work[i]])
                     except torch.OutOfMemoryError:
                         raise
                     except Exception as alone:
                         logger.error("a sequence's forward failed: %s", type(alone).__name__)
                         failed.add(work[i][0].owner)
+                        ok[i] = False
+                        continue
+                    values = _place(values, row, [i], len(work))
                 continue
-            for i, row in zip(group, out.unbind(0), strict=True):
-                logits[i] = row
-        return logits
+            # The whole step in one forward (the usual case) needs no copy.
+            values = out if len(group) == len(work) else _place(values, out, group, len(work))
+        return StepLogits(values, ok)
 
     def forward(self, work: Work) -> torch.Tensor:
         """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
@@ -197,8 +205,10 @@ class ModelRunner:
         q_pos: torch.Tensor | None = None
         k_pos: torch.Tensor | None = None
         if padded:
-            ids = _to([seq.span(seq.computed, seq.computed + 1) for seq, _ in work], device)
-            if self._graphs is not None and not any(seq.owner.request.media for seq, _ in work):
+            ids = _to([[seq.token_at(seq.computed)] for seq, _ in work], device)
+            if self._graphs is not None and (
+                self._media is None or not any(seq.owner.request.media for seq, _ in work)
+            ):
                 return self._usable(self._graphs.run(ids, table, lengths))
             pad = padded_layout(table, lengths, block_size=bs, windowed=self._windowed)
             read, write, positions, allowed = pad.read, pad.write, pad.positions, pad.allowed
@@ -328,6 +338,8 @@ class ModelRunner:
         A prompt split across steps takes the slice of each media's features its piece covers;
         a media's features are computed once per request, when a piece first needs them.
         """
+        if self._media is None:  # text only: admission refuses media without an encoder
+            return None
         pieces: list[tuple[int, int, torch.Tensor]] = []
         offset = 0
         for row, (seq, take) in enumerate(work):
@@ -338,8 +350,6 @@ class ModelRunner:
                     continue
                 features = seq.owner.features.get(index)
                 if features is None:
-                    if self._media is None:  # admission refuses media without an encoder
-                        raise RuntimeError("media without an encoder")
                     features = seq.owner.features[index] = self._media.encode(media)
                 at = (0, offset + a - lo) if packed else (row, 0)
                 pieces.append((*at, features[a - media.start : b - media.start]))
@@ -434,6 +444,24 @@ def _distinct_blocks(tables: list[list[int]], lengths: list[int], block_size: in
             for block in table[: math.ceil(length / block_size)]
         }
     )
+
+
+@dataclass
+class StepLogits:
+    """One step's last-position logits, a row per scheduled sequence in the order of the
+    step's work; `ok[i]` is False where that sequence's forward failed (its row is garbage,
+    or there is no tensor at all when every forward failed)."""
+
+    values: torch.Tensor | None
+    ok: list[bool]
+
+
+def _place(values: torch.Tensor | None, rows: torch.Tensor, at: list[int], n: int) -> torch.Tensor:
+    """`values` (made `[n, vocab]` when None) with `rows` written at the indexes `at`."""
+    if values is None:
+        values = torch.zeros((n, rows.shape[-1]), dtype=rows.dtype, device=rows.device)
+    values[_to(at, rows.device)] = rows
+    return values
 
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:

@@ -33,11 +33,23 @@ class RowSampling:
     frequency_penalty: float
     bias_ids: torch.Tensor | None
     bias_values: torch.Tensor | None
-    banned_ids: torch.Tensor | None  # end-of-sequence ids under ignore_eos
+    banned_ids: tuple[int, ...] | None  # end-of-sequence ids under ignore_eos
     constraint: Constraint | None = None  # the grammar this row's output must match
     logprobs: list[TokenLogprob] | None = None  # filled by `sample` when asked for
     top_logprobs: int = 0
     table: TokenTable | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Greedy with nothing to adjust, mask or record: argmax alone (bans aside)."""
+        return (
+            self.temperature <= 0
+            and self.bias_ids is None
+            and not self.presence_penalty
+            and not self.frequency_penalty
+            and self.constraint is None
+            and self.logprobs is None
+        )
 
 
 def row_sampling(
@@ -66,7 +78,7 @@ def row_sampling(
         constraint = Constraint(params.constraint, table)
     if params.ignore_eos and eos_ids and constraint is None:
         # A constrained row must be able to end where its grammar does.
-        banned = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+        banned = tuple(eos_ids)
     return RowSampling(
         temperature=params.temperature,
         top_p=params.top_p,
@@ -102,31 +114,42 @@ def sample(
     """
     logits = logits.float()
     vocab = logits.shape[-1]
-    for i, row in enumerate(rows):
+    banned = [i for i, row in enumerate(rows) if row.banned_ids is not None]
+    ban_rows = [i for i in banned for _ in rows[i].banned_ids or ()]
+    ban_ids = [t for i in banned for t in rows[i].banned_ids or ()]
+    constrained: list[int] = []
+    plain: list[int] = []
+    nucleus: list[int] = []
+    recording: list[int] = []
+    # Plain greedy rows (the usual batch row) need nothing but the argmax: the rest, one pass.
+    for i in [i for i, row in enumerate(rows) if not row.plain]:
+        row = rows[i]
         if row.bias_ids is not None and row.bias_values is not None:
             logits[i].index_add_(0, row.bias_ids, row.bias_values)
         if (row.presence_penalty or row.frequency_penalty) and histories[i]:
             seen = torch.tensor(histories[i], device=logits.device)
             counts = torch.bincount(seen, minlength=vocab)[:vocab].to(logits.dtype)
             logits[i] -= row.frequency_penalty * counts + row.presence_penalty * (counts > 0)
-        if row.banned_ids is not None:
-            logits[i, row.banned_ids] = float("-inf")
-    constrained = [i for i, r in enumerate(rows) if r.constraint is not None]
+        if row.constraint is not None:
+            constrained.append(i)
+        if row.temperature > 0:
+            (plain if row.top_p >= 1 else nucleus).append(i)
+        if row.logprobs is not None:
+            recording.append(i)
+    if ban_rows:  # one write for every banned end token of every row
+        logits[_index(ban_rows, logits.device), _index(ban_ids, logits.device)] = float("-inf")
     if constrained:
         _mask(logits, [rows[i] for i in constrained], constrained)
 
     chosen = logits.argmax(dim=-1)
-    plain = [i for i, r in enumerate(rows) if r.temperature > 0 and r.top_p >= 1]
-    nucleus = [i for i, r in enumerate(rows) if r.temperature > 0 and r.top_p < 1]
     for subset, use_top_p in ((plain, False), (nucleus, True)):
         if subset:
-            index = torch.tensor(subset, device=logits.device)
+            index = _index(subset, logits.device)
             picked = _draw(logits[index], [rows[i] for i in subset], use_top_p)
             chosen[index] = picked
     tokens: list[int] = chosen.tolist()
-    for i, row in enumerate(rows):
-        if row.logprobs is not None:
-            _record_logprobs(row, logits[i], tokens[i])
+    for i in recording:
+        _record_logprobs(rows[i], logits[i], tokens[i])
     for i in constrained:
         constraint = rows[i].constraint
         if constraint is not None:
@@ -189,3 +212,7 @@ def _draw(logits: torch.Tensor, rows: list[RowSampling], use_top_p: bool) -> tor
     if order is not None:
         picked = order.gather(1, picked)
     return picked[:, 0]
+
+
+def _index(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

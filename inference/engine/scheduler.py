@@ -28,8 +28,6 @@ import math
 from collections import deque
 from collections.abc import Callable, Collection
 
-import torch
-
 from .blocks import BlockManager
 from .sequence import Failed, Request, Sequence, Work, age, rows_held
 from .types import ERROR_CONTEXT_LENGTH, ERROR_INVALID_REQUEST, GenerationRequest
@@ -45,6 +43,7 @@ class Scheduler:
         max_batch_size: int,
         max_step_tokens: int,
         context_length: int,
+        vocab_size: int,
         media_modalities: Collection[str],
         new_sequence: Callable[[Request, int], Sequence],
     ) -> None:
@@ -52,6 +51,7 @@ class Scheduler:
         self.blocks = blocks
         self.max_batch_size = max_batch_size
         self.context_length = context_length
+        self.vocab_size = vocab_size
         self.media_modalities = media_modalities
         self.running: list[Sequence] = []
         self.waiting: deque[Request] = deque()
@@ -73,6 +73,8 @@ class Scheduler:
             or not 0 < p.top_p <= 1
         ):
             return ERROR_INVALID_REQUEST
+        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= self.vocab_size:
+            return ERROR_INVALID_REQUEST  # a token the model has no embedding for
         end = 0
         for media in request.media:
             if (
@@ -122,6 +124,8 @@ class Scheduler:
         then oldest first; an interactive one parks batch requests to make room.
         Returns the requests whose admission raised (taken out of the queue)."""
         running, waiting = self.running, self.waiting
+        if not waiting:
+            return []
         # Blocks the sequences already in flight still need for what they have to compute.
         pending = self._pending(running)
         rows = rows_held(running)
@@ -202,12 +206,12 @@ class Scheduler:
         limit = self._step_rows
         # Decoding sequences first (one token each), oldest first; preempt the youngest when
         # their new blocks do not fit.
-        decoding = [s for s in running if s.length - s.computed == 1]
+        decoding = [s for s in running if s.prompt_length + len(s.tokens) - s.computed == 1]
         if len(decoding) > min(budget, limit):  # interactive rows are never the ones left out
             decoding.sort(key=lambda s: -s.owner.priority)
             del decoding[min(budget, limit) :]
         while True:
-            short = sum(1 for s in decoding if self.blocks.needed(s, 1)) - self.blocks.available
+            short = self.blocks.needed_decoding(decoding) - self.blocks.available
             if short <= 0:
                 break
             victim = self._youngest_holder()
@@ -216,13 +220,12 @@ class Scheduler:
             self._preempt(victim)
             if victim in decoding:
                 decoding.remove(victim)
-        work: Work = []
-        for seq in decoding:
-            if self.blocks.grow(seq, 1):
-                work.append((seq, 1))
+        work: Work = [(seq, 1) for seq in self.blocks.grow_decoding(decoding)]
         budget -= len(work)
-        wait = self.blocks.prefix_cache
-        deferred = self._schedule_prompts(work, budget, limit, wait=wait)
+        deferred = False
+        if len(decoding) < len(running):  # some sequence has a prompt (piece) to compute
+            wait = self.blocks.prefix_cache
+            deferred = self._schedule_prompts(work, budget, limit, wait=wait)
         if not work and deferred:
             # Waiting for a block that cannot be computed now (memory) would stall everyone.
             self._schedule_prompts(work, budget, limit, wait=False)
@@ -278,23 +281,26 @@ class Scheduler:
         return True
 
     def computed(
-        self, work: Work, logits: list[torch.Tensor | None], failed: Failed
-    ) -> tuple[list[Sequence], list[torch.Tensor]]:
-        """Record what the step computed: seal the blocks that became full, fork the other
-        choices of a request whose prompt is now prefilled. Returns the sequences that sample
-        a token now, with their logits (a fork shares its first choice's)."""
+        self, work: Work, ok: list[bool], failed: Failed
+    ) -> tuple[list[Sequence], list[int]]:
+        """Record what the step computed (`ok[i]`: whether work i's forward gave its logits):
+        seal the blocks that became full, fork the other choices of a request whose prompt is
+        now prefilled. Returns the sequences that sample a token now, with the index in `work`
+        of their logits (a fork shares its first choice's)."""
         sampled: list[Sequence] = []
-        rows: list[torch.Tensor] = []
-        for (seq, take), row in zip(work, logits, strict=True):
-            if seq.owner in failed.owners:
+        rows: list[int] = []
+        blocks, bs, owners = self.blocks, self.blocks.block_size, failed.owners
+        for i, (seq, take) in enumerate(work):
+            if owners and seq.owner in owners:
                 continue
             seq.computed += take
-            self.blocks.seal(seq)
-            if seq.computed < seq.length or row is None:
+            if len(seq.digests) < seq.computed // bs:
+                blocks.seal(seq)
+            if seq.computed < seq.prompt_length + len(seq.tokens) or not ok[i]:
                 continue
             sampled.append(seq)
-            rows.append(row)
-            if seq.choice == 0 and seq.owner.n > 1 and not seq.owner.forked:
+            rows.append(i)
+            if seq.choice == 0 and not seq.owner.forked:
                 try:
                     forks = self._fork(seq)
                 except Exception as exc:
@@ -303,7 +309,7 @@ class Scheduler:
                     continue
                 self.running.extend(forks)
                 sampled.extend(forks)
-                rows.extend([row] * len(forks))
+                rows.extend([i] * len(forks))
         return sampled, rows
 
     # -- preemption and forks ---------------------------------------------------------------

@@ -22,12 +22,15 @@ class Request:
     choices: dict[int, Choice] = field(default_factory=dict)
     busy: float = 0.0
     cached_tokens: int = 0
-    forked: bool = False
+    forked: bool = False  # its other choices exist (from the start when n is 1)
     reported: bool = False
     features: dict[int, torch.Tensor] = field(default_factory=dict)  # media index → encoded
     # Its sequences while an interactive request holds its rows: blocks given back, tokens
     # and sampling state kept, computed again once it is admitted again.
     parked: list[Sequence] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.forked = self.forked or self.request.params.n == 1  # one choice: nothing to fork
 
     @property
     def prompt(self) -> list[int]:
@@ -54,10 +57,19 @@ class Sequence:
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
     preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
     sent: int = 0  # characters of its text already yielded as partials (streaming requests)
+    prompt_length: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.prompt_length = len(self.owner.request.prompt_ids)
 
     @property
     def length(self) -> int:
-        return len(self.owner.prompt) + len(self.tokens)
+        return self.prompt_length + len(self.tokens)
+
+    def token_at(self, index: int) -> int:
+        """Token `index` of prompt + generated."""
+        p = self.prompt_length
+        return self.owner.request.prompt_ids[index] if index < p else self.tokens[index - p]
 
     def span(self, lo: int, hi: int) -> list[int]:
         """Tokens [lo, hi) of prompt + generated, without building the whole list."""

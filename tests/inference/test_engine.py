@@ -503,6 +503,27 @@ def test_invalid_requests_are_errors_not_exceptions(model, tokenizer) -> None:
     assert {r.error for r in results.values()} == {"invalid_request"}
 
 
+def test_a_prompt_token_outside_the_vocabulary_is_refused_and_the_rest_run(
+    model, tokenizer
+) -> None:
+    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = tokenizer("Hello there")["input_ids"]
+
+    results = run(
+        engine,
+        [
+            GenerationRequest("past", [*prompt, vocab], greedy(3)),
+            GenerationRequest("negative", [-1, *prompt], greedy(3)),
+            GenerationRequest("fine", prompt, greedy(3)),
+        ],
+    )
+
+    assert results["past"].error == results["negative"].error == "invalid_request"
+    assert results["past"].completion_tokens == results["negative"].completion_tokens == 0
+    assert results["fine"].error is None and results["fine"].completion_tokens == 3
+
+
 def test_engine_package_does_not_import_django() -> None:
     code = (
         "import sys, inference.engine\n"

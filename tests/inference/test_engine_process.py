@@ -7,12 +7,14 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
 from inference.engine.process import EngineProcess, EngineProcessError
+from inference.engine.types import ConstraintSpec
 from inference.rendering import render_prompt
 
 pytestmark = pytest.mark.model
@@ -75,8 +77,8 @@ def test_a_request_that_fails_in_the_child_ends_alone_and_the_process_serves_on(
 ) -> None:
     _, tokenizer = loaded
     batch = requests(tokenizer, 3)
-    # A token id past the vocabulary: the model's embedding raises for this row only.
-    batch[1].prompt_ids = [*batch[1].prompt_ids[:-1], 10**6]
+    # A grammar nothing matches: this row's sampling raises, in the child, for this row only.
+    batch[1].params = replace(batch[1].params, constraint=ConstraintSpec(grammar="%%% no grammar"))
 
     results = {r.id: r for r in process.generate(iter(batch))}
 
