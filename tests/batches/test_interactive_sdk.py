@@ -3,6 +3,7 @@ request runs on the in-process worker's engine, plain, streamed, structured and 
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Collection, Iterator
@@ -383,3 +384,45 @@ def test_no_content_crosses_the_channels_in_the_clear(
         assert CONTENT_MARKER.encode() not in message
         if len(text) >= 4:
             assert text.encode() not in message
+
+
+def test_a_tampered_request_message_is_refused_and_the_genuine_one_answered(
+    client, priced, tenant, in_process_worker, monkeypatch, caplog
+):
+    """A message on the request channel whose ciphertext was altered (or that no web process
+    with our master keys sealed) opens to nothing: the feed logs the refusal without its
+    content and goes on, and the genuine request behind it is answered and charged once."""
+    store = channels()
+    push = store.push
+    tampered: list[bytes] = []
+
+    def tampering(key: str, message: bytes, *, ttl: float) -> None:
+        if key.startswith("interactive:requests:") and not tampered:
+            envelope = json.loads(message)
+            sealed = bytearray(base64.b64decode(envelope["sealed"]))
+            sealed[-1] ^= 0x01  # one bit of the authentication tag
+            envelope["sealed"] = base64.b64encode(bytes(sealed)).decode()
+            tampered.append(json.dumps(envelope).encode())
+            push(key, tampered[0], ttl=ttl)  # ahead of the genuine one
+        push(key, message, ttl=ttl)
+
+    monkeypatch.setattr(store, "push", tampering)
+    before = credit_for_org(org_id=tenant.org.id)
+    with caplog.at_level("ERROR", logger="batches.interactive.feed"):
+        completion = client.chat.completions.create(
+            model="boardwalk/tiny-chat",
+            messages=[{"role": "user", "content": CONTENT_MARKER}],
+            max_completion_tokens=4,
+        )
+
+    assert tampered and completion.usage is not None and completion.usage.completion_tokens > 0
+    refusals = [r for r in caplog.records if "interactive request refused" in r.getMessage()]
+    assert [r.getMessage() for r in refusals] == ["interactive request refused: InvalidTag"]
+    assert all(CONTENT_MARKER not in r.getMessage() for r in caplog.records)
+    metered = UsageEvent.objects.filter(org=tenant.org)
+    assert {(e.batch_id, e.item_id, e.attempt) for e in metered} == {  # one request, once
+        (metered[0].batch_id, metered[0].item_id, metered[0].attempt)
+    }
+    assert metered.filter(kind=UsageEvent.Kind.OUTPUT_TOKENS).count() == 1
+    after = credit_for_org(org_id=tenant.org.id)
+    assert after.balance < before.balance and after.held == before.held  # charged, released
