@@ -531,23 +531,30 @@ def test_the_progress_line_names_the_batch_and_ctrl_c_exits_130(
     # No worker: the batch waits, so the CLI is still watching when it is interrupted.
     path = tmp_path / "requests.jsonl"
     path.write_bytes(jsonl(request_line("a")))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "boardwalk_cli",
-            "submit",
-            str(path),
-            "--wait",
-            "--poll-interval",
-            "0.2",
-        ],
-        cwd=tmp_path,
-        env=cli_env(live_server, tenant.write_key),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # As from a terminal: a shell that starts the test run in the background (`cmd &` in a
+    # script) sets SIGINT to ignored, children inherit that, and Python then never raises
+    # KeyboardInterrupt; the child is started with the interpreter's handler in place.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "boardwalk_cli",
+                "submit",
+                str(path),
+                "--wait",
+                "--poll-interval",
+                "0.2",
+            ],
+            cwd=tmp_path,
+            env=cli_env(live_server, tenant.write_key),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
         progress = process.stderr.readline()
         batch_id = json.loads((tmp_path / "requests.jsonl.boardwalk.json").read_text())["batch_id"]
@@ -557,6 +564,7 @@ def test_the_progress_line_names_the_batch_and_ctrl_c_exits_130(
         _, rest = process.communicate(timeout=60)
     finally:
         process.kill()
+        process.communicate()  # closes its pipes, whatever happened above
     assert process.returncode == 130
     assert "interrupted; run the same command again to continue" in rest
     assert "Traceback" not in rest
