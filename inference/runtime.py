@@ -125,6 +125,7 @@ def _engine_options(revision: ModelRevision) -> dict[str, Any]:
         "context_length": revision.context_length,
         "max_batch_size": settings.ENGINE_MAX_BATCH_SIZE,
         "prefix_cache": settings.ENGINE_PREFIX_CACHE,
+        "interactive_step_seconds": settings.ENGINE_INTERACTIVE_STEP_MS / 1000,
     }
 
 

@@ -232,6 +232,9 @@ WORKER_THREADS = env_int("BOARDWALK_WORKER_THREADS", 1)
 # at once (boardwalk.broker.DoorbellRedisBroker): this wait is the fallback.
 WORKER_POLL_MS = env_int("BOARDWALK_WORKER_POLL_MS", 100)
 ENGINE_MAX_BATCH_SIZE = env_int("BOARDWALK_ENGINE_MAX_BATCH_SIZE", 32)
+# While interactive requests are in flight, an engine keeps each step near this many ms by
+# holding back batch rows and prompt pieces (inference/engine/pacing.py); 0 turns that off.
+ENGINE_INTERACTIVE_STEP_MS = env_int("BOARDWALK_INTERACTIVE_STEP_MS", 75)
 # Where this worker's engines run: "cpu", "cuda" or "cuda:N"; empty means cuda when a GPU is
 # visible, else cpu. `run_worker --device` sets it per process (one worker per GPU).
 ENGINE_DEVICE = env_str("BOARDWALK_ENGINE_DEVICE", "")

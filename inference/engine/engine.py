@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from .blocks import BlockManager
+from .pacing import BatchPacer
 from .runner import ModelRunner
 from .sampling import row_sampling
 from .scheduler import Scheduler
@@ -56,6 +57,9 @@ from .types import (
 )
 
 logger = logging.getLogger(__name__)
+
+# The step time kept while interactive requests are in flight (BOARDWALK_INTERACTIVE_STEP_MS).
+DEFAULT_INTERACTIVE_STEP_SECONDS = 0.075
 
 
 class Engine:
@@ -82,7 +86,10 @@ class Engine:
         max_num_blocks: int | None = None,
         prefix_cache: bool = True,
         processor: Any = None,
+        interactive_step_seconds: float | None = None,
     ) -> None:
+        """`interactive_step_seconds`: the step time kept while interactive requests are in
+        flight, by holding back batch work (pacing.py; 0 turns it off)."""
         self._runner = ModelRunner(
             model,
             tokenizer,
@@ -111,6 +118,15 @@ class Engine:
             max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
         self.max_step_tokens = max(max_step_tokens, max_batch_size)
         self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
+        # Caps batch work beside interactive requests, learned across calls (pacing.py).
+        self._pacer = BatchPacer(
+            DEFAULT_INTERACTIVE_STEP_SECONDS
+            if interactive_step_seconds is None
+            else interactive_step_seconds,
+            max_rows=max_batch_size,
+            max_tokens=self.max_step_tokens,
+            block_size=block_size,
+        )
 
     def clear_prefix_cache(self) -> None:
         """Forget the cached blocks of finished requests (not while `generate` runs)."""
@@ -147,6 +163,7 @@ class Engine:
             vocab_size=self._runner.vocab_size,
             media_modalities=self.media_modalities,
             new_sequence=self._sequence,
+            pacer=self._pacer,
         )
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
@@ -196,7 +213,11 @@ class Engine:
                 began = time.perf_counter()
                 with torch.inference_mode():
                     stepped, advanced, finished, failed = self._step(scheduler)
-                work_since_poll += self._account(began, stepped)
+                spent = self._account(began, stepped)
+                work_since_poll += spent
+                if scheduler.last_paced is not None:
+                    rows, tokens = scheduler.last_paced
+                    self._pacer.observe(spent, batch_rows=rows, batch_tokens=tokens)
                 yield from self._partials(advanced)
                 yield from self._results(finished)
                 for owner in failed.owners:

@@ -9,7 +9,8 @@ the outside world something, what the world answered:
 - each pull of its request source: a request (with the seed the leader chose when it had
   none, since an unseeded row draws its own random seed), "nothing ready yet", or the end;
 - each poll of the aborted set (the engine polls at every step: `abort_poll_seconds=0`, since
-  its own poll interval is wall-clock time, which differs between ranks).
+  its own poll interval is wall-clock time, which differs between ranks). For the same reason
+  batch is not paced beside interactive requests (`interactive_step_seconds=0`, pacing.py).
 
 Everything else the engine decides (admission, chunking, preemption, the prefix cache, which
 layout a step runs) is a function of those answers and of the pool's size, which the ranks
@@ -133,8 +134,10 @@ def init_ranks(setup: RankSetup) -> tuple[Channel, str]:
 
 
 def lockstep_options(engine_options: dict[str, Any]) -> dict[str, Any]:
-    """The engine's options on every rank: aborts polled at each step, not each 0.5 s."""
-    return {**engine_options, "abort_poll_seconds": 0.0}
+    """The engine's options on every rank: aborts polled at each step, not each 0.5 s, and
+    batch not paced beside interactive requests (pacing.py follows each step's wall-clock
+    time, which differs between ranks: their plans would part)."""
+    return {**engine_options, "abort_poll_seconds": 0.0, "interactive_step_seconds": 0.0}
 
 
 def agree_on_pool(

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 
 from .blocks import BlockManager
+from .pacing import UNLIMITED, BatchAllowance, BatchPacer
 from .sequence import Failed, Request, Sequence, Work, age, rows_held
 from .types import ERROR_CONTEXT_LENGTH, ERROR_INVALID_REQUEST, GenerationRequest
 
@@ -46,8 +48,11 @@ class Scheduler:
         vocab_size: int,
         media_modalities: Collection[str],
         new_sequence: Callable[[Request, int], Sequence],
+        pacer: BatchPacer | None = None,
     ) -> None:
-        """`new_sequence(request, choice)`: a fresh sequence (its sampling state) for a choice."""
+        """`new_sequence(request, choice)`: a fresh sequence (its sampling state) for a choice.
+        `pacer`: the engine's caps on batch work beside interactive requests (pacing.py);
+        without it batch is never held back."""
         self.blocks = blocks
         self.max_batch_size = max_batch_size
         self.context_length = context_length
@@ -59,6 +64,11 @@ class Scheduler:
         self._order = 0
         self._step_rows = max_batch_size  # lowered for the rest of the call by out-of-memory
         self._step_tokens = max_step_tokens
+        self._pacer = pacer
+        self._seen_interactive = False  # pacing is consulted only once one was admitted
+        # The batch rows and prompt tokens of the last plan when it was paced (not an
+        # interactive prefill), for the pacer to learn from its time; else None.
+        self.last_paced: tuple[int, int] | None = None
 
     # -- admission --------------------------------------------------------------------------
 
@@ -145,6 +155,7 @@ class Scheduler:
                 rows += request.n
                 pending += needed
                 continue
+            self._seen_interactive = self._seen_interactive or request.priority > 0
             try:
                 self._order += 1
                 request.order = self._order
@@ -210,6 +221,11 @@ class Scheduler:
         if len(decoding) > min(budget, limit):  # interactive rows are never the ones left out
             decoding.sort(key=lambda s: -s.owner.priority)
             del decoding[min(budget, limit) :]
+        allow, prefill = UNLIMITED, False
+        if self._pacer is not None and self._seen_interactive:
+            allow, prefill = self._batch_allowance(self._pacer, decoding)
+        if allow.rows is not None:
+            decoding = _paced(decoding, allow.rows)
         while True:
             short = self.blocks.needed_decoding(decoding) - self.blocks.available
             if short <= 0:
@@ -221,14 +237,18 @@ class Scheduler:
             if victim in decoding:
                 decoding.remove(victim)
         work: Work = [(seq, 1) for seq in self.blocks.grow_decoding(decoding)]
-        budget -= len(work)
+        rows = len(work)
+        budget -= rows
         deferred = False
+        batch_tokens = allow.tokens
+        if batch_tokens is not None and not any(s.owner.priority <= 0 for s, _ in work):
+            batch_tokens = max(batch_tokens, self.blocks.block_size)  # batch always advances
         if len(decoding) < len(running):  # some sequence has a prompt (piece) to compute
             wait = self.blocks.prefix_cache
-            deferred = self._schedule_prompts(work, budget, limit, wait=wait)
+            deferred = self._schedule_prompts(work, budget, limit, wait=wait, batch=batch_tokens)
         if not work and deferred:
             # Waiting for a block that cannot be computed now (memory) would stall everyone.
-            self._schedule_prompts(work, budget, limit, wait=False)
+            self._schedule_prompts(work, budget, limit, wait=False, batch=batch_tokens)
         if not work:
             # Every sequence is waiting for memory: free the youngest and go on with the rest.
             victim = self._youngest_holder()
@@ -236,10 +256,34 @@ class Scheduler:
                 self._preempt(victim)
                 return self.schedule()
             raise RuntimeError("no sequence can be scheduled")  # cannot happen: see refusal
+        self.last_paced = None
+        if allow.limited and not prefill:
+            batch = [(s, t) for s, t in work if s.owner.priority <= 0]
+            self.last_paced = (
+                sum(1 for _, t in batch if t == 1),
+                sum(t for _, t in batch if t > 1),
+            )
         return work
 
-    def _schedule_prompts(self, work: Work, budget: int, limit: int, *, wait: bool) -> bool:
+    def _batch_allowance(
+        self, pacer: BatchPacer, decoding: list[Sequence]
+    ) -> tuple[BatchAllowance, bool]:
+        """What batch work may join a step beside the interactive work in flight (pacing.py),
+        and whether the step prefills an interactive prompt."""
+        decoding_interactive = sum(1 for s in decoding if s.owner.priority > 0)
+        prefill = any(s.owner.priority > 0 and s.length - s.computed > 1 for s in self.running)
+        allow = pacer.allowance(
+            interactive=max(decoding_interactive, int(prefill)),
+            prefill=prefill,
+            now=time.monotonic(),
+        )
+        return allow, prefill
+
+    def _schedule_prompts(
+        self, work: Work, budget: int, limit: int, *, wait: bool, batch: int | None = None
+    ) -> bool:
         """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
+        `batch`: at most this many tokens of batch prompts (None: the budget's).
 
         With `wait`, a sequence whose next block is one an older sequence has still to compute
         skips the step and reads that block from the cache once it is there: a prefix shared
@@ -254,7 +298,7 @@ class Scheduler:
                 break
             if seq.length - seq.computed <= 1:
                 continue
-            if interactive and seq.owner.priority <= 0:
+            if seq.owner.priority <= 0 and (interactive or batch == 0):
                 break  # (sorted: every later one is batch too)
             self.blocks.reuse_cached(seq)
             if wait:
@@ -263,11 +307,15 @@ class Scheduler:
                     deferred = True
                     continue
                 coming.update(pending)
-            take = self.blocks.grow(seq, min(seq.length - seq.computed, budget))
+            cap = budget if batch is None or seq.owner.priority > 0 else min(budget, batch)
+            take = self.blocks.grow(seq, min(seq.length - seq.computed, cap))
             if take:
                 work.append((seq, take))
                 budget -= take
-                interactive = interactive or seq.owner.priority > 0
+                if seq.owner.priority > 0:
+                    interactive = True
+                elif batch is not None:
+                    batch -= take
         return deferred
 
     def shrink(self, work: Work) -> bool:
@@ -369,6 +417,18 @@ class Scheduler:
             self.blocks.fork(seq, fork)
             forks.append(fork)
         return forks
+
+
+def _paced(decoding: list[Sequence], batch_rows: int) -> list[Sequence]:
+    """The decoding rows less the batch ones past the first `batch_rows` (oldest first)."""
+    kept: list[Sequence] = []
+    for seq in decoding:
+        if seq.owner.priority > 0:
+            kept.append(seq)
+        elif batch_rows > 0:
+            kept.append(seq)
+            batch_rows -= 1
+    return kept
 
 
 def _queue_key(request: Request) -> tuple[int, bool, int]:
