@@ -10,6 +10,11 @@ its tokens stay, and it is computed again later, mostly from the prefix cache), 
 prompts, oldest first (chunked prefill). Out of memory in a forward halves the budget for the
 rest of the call.
 
+Fresh batch prompts are started together: a prompt piece runs as a forward of its own beside
+the decoding rows, and on a CPU that forward costs about as much for one short prompt as for
+several, so while rows are decoding a batch sequence that has computed nothing yet waits until
+an eighth of the rows are such sequences, or for at most `GATHER_STEPS` steps.
+
 Two classes: requests of priority > 0 (interactive) wait ahead of batch requests, are admitted
 first, and when no row or not enough memory is free they take them from running batch
 requests, youngest first: those are parked (their blocks go back, their tokens and sampling
@@ -35,6 +40,9 @@ from .sequence import Failed, Request, Sequence, Work, age, rows_held
 from .types import ERROR_CONTEXT_LENGTH, ERROR_INVALID_REQUEST, GenerationRequest
 
 logger = logging.getLogger(__name__)
+
+# While rows are decoding, fresh batch prompts wait at most this many steps for company.
+GATHER_STEPS = 4
 
 
 class Scheduler:
@@ -65,6 +73,8 @@ class Scheduler:
         self._step_rows = max_batch_size  # lowered for the rest of the call by out-of-memory
         self._step_tokens = max_step_tokens
         self._pacer = pacer
+        self._gather_rows = max(1, max_batch_size // 8)
+        self._gathering = 0  # steps the fresh batch prompts have waited so far
         self._seen_interactive = False  # pacing is consulted only once one was admitted
         # The batch rows and prompt tokens of the last plan when it was paced (not an
         # interactive prefill), for the pacer to learn from its time; else None.
@@ -245,7 +255,9 @@ class Scheduler:
             batch_tokens = max(batch_tokens, self.blocks.block_size)  # batch always advances
         if len(decoding) < len(running):  # some sequence has a prompt (piece) to compute
             wait = self.blocks.prefix_cache
-            deferred = self._schedule_prompts(work, budget, limit, wait=wait, batch=batch_tokens)
+            deferred = self._schedule_prompts(
+                work, budget, limit, wait=wait, batch=batch_tokens, gather=self._gather(work)
+            )
         if not work and deferred:
             # Waiting for a block that cannot be computed now (memory) would stall everyone.
             self._schedule_prompts(work, budget, limit, wait=False, batch=batch_tokens)
@@ -265,6 +277,18 @@ class Scheduler:
             )
         return work
 
+    def _gather(self, work: Work) -> bool:
+        """Whether fresh batch prompts wait this step (rows are decoding, too few of them are
+        fresh yet, and they have not waited GATHER_STEPS already)."""
+        if not work or self._gather_rows <= 1:
+            return False
+        fresh = sum(1 for s in self.running if s.computed == 0 and s.owner.priority <= 0)
+        if 0 < fresh < self._gather_rows and self._gathering < GATHER_STEPS:
+            self._gathering += 1
+            return True
+        self._gathering = 0
+        return False
+
     def _batch_allowance(
         self, pacer: BatchPacer, decoding: list[Sequence]
     ) -> tuple[BatchAllowance, bool]:
@@ -280,10 +304,18 @@ class Scheduler:
         return allow, prefill
 
     def _schedule_prompts(
-        self, work: Work, budget: int, limit: int, *, wait: bool, batch: int | None = None
+        self,
+        work: Work,
+        budget: int,
+        limit: int,
+        *,
+        wait: bool,
+        batch: int | None = None,
+        gather: bool = False,
     ) -> bool:
         """Add pieces of prompts to `work`, oldest first; returns whether a sequence waited.
-        `batch`: at most this many tokens of batch prompts (None: the budget's).
+        `batch`: at most this many tokens of batch prompts (None: the budget's); `gather`:
+        batch sequences that have computed nothing yet wait (their prompts start together).
 
         With `wait`, a sequence whose next block is one an older sequence has still to compute
         skips the step and reads that block from the cache once it is there: a prefix shared
@@ -300,6 +332,8 @@ class Scheduler:
                 continue
             if seq.owner.priority <= 0 and (interactive or batch == 0):
                 break  # (sorted: every later one is batch too)
+            if gather and seq.computed == 0 and seq.owner.priority <= 0:
+                continue
             self.blocks.reuse_cached(seq)
             if wait:
                 pending = seq.prompt_digests[seq.computed // bs :]
