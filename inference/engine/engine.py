@@ -86,7 +86,7 @@ class Engine:
         max_num_blocks: int | None = None,
         prefix_cache: bool = True,
         processor: Any = None,
-        interactive_step_seconds: float | None = None,
+        interactive_step_seconds: float = DEFAULT_INTERACTIVE_STEP_SECONDS,
     ) -> None:
         """`interactive_step_seconds`: the step time kept while interactive requests are in
         flight, by holding back batch work (pacing.py; 0 turns it off)."""
@@ -120,9 +120,7 @@ class Engine:
         self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
         # Caps batch work beside interactive requests, learned across calls (pacing.py).
         self._pacer = BatchPacer(
-            DEFAULT_INTERACTIVE_STEP_SECONDS
-            if interactive_step_seconds is None
-            else interactive_step_seconds,
+            interactive_step_seconds,
             max_rows=max_batch_size,
             max_tokens=self.max_step_tokens,
             block_size=block_size,

@@ -250,9 +250,7 @@ class Scheduler:
         rows = len(work)
         budget -= rows
         deferred = False
-        batch_tokens = allow.tokens
-        if batch_tokens is not None and not any(s.owner.priority <= 0 for s, _ in work):
-            batch_tokens = max(batch_tokens, self.blocks.block_size)  # batch always advances
+        batch_tokens = allow.tokens  # (its floors keep batch advancing: pacing.py)
         if len(decoding) < len(running):  # some sequence has a prompt (piece) to compute
             wait = self.blocks.prefix_cache
             deferred = self._schedule_prompts(

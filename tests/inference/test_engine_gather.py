@@ -10,6 +10,7 @@ import pytest
 
 from inference.engine import Engine, GenerationRequest, GenerationResult, load_model
 from inference.engine import scheduler as scheduler_module
+from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import greedy, prompt
 
 pytestmark = pytest.mark.model
@@ -32,20 +33,13 @@ def _backlog(tokenizer) -> list[GenerationRequest]:
 
 def _run(engine: Engine, requests: list[GenerationRequest]) -> tuple[dict[str, list[int]], list]:
     """Tokens by id, and each step's (decoding rows, fresh prompts started)."""
-    steps: list[tuple[int, int]] = []
-    run = engine._runner.run
 
-    def recorded(work, failed):
+    def summary(work) -> tuple[int, int]:
         decoding = sum(1 for _, take in work if take == 1)
-        fresh = sum(1 for seq, take in work if take > 1 and seq.computed == 0)
-        steps.append((decoding, fresh))
-        return run(work, failed)
+        return decoding, sum(1 for seq, take in work if take > 1 and seq.computed == 0)
 
-    engine._runner.run = recorded  # type: ignore[method-assign]
-    try:
+    with steps_of(engine, summary) as steps:
         results = [r for r in engine.generate(requests) if isinstance(r, GenerationResult)]
-    finally:
-        del engine._runner.run
     return {r.id: r.choices[0].token_ids for r in results}, steps
 
 

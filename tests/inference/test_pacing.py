@@ -13,6 +13,7 @@ import pytest
 from inference.engine import Engine, GenerationRequest, GenerationResult, load_model, pacing
 from inference.engine.lockstep import lockstep_options
 from inference.engine.pacing import UNLIMITED, BatchAllowance, BatchPacer
+from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import Arrivals, greedy, prompt
 
 
@@ -76,20 +77,13 @@ def loaded(tiny_model_dir: Path):
 
 def _run(engine: Engine, source: Arrivals) -> tuple[dict[str, GenerationResult], list]:
     """Results by id, and each step's (interactive rows, batch decoding rows)."""
-    steps: list[tuple[int, int]] = []
-    run = engine._runner.run
 
-    def recorded(work, failed):
+    def summary(work) -> tuple[int, int]:
         interactive = sum(1 for seq, _ in work if seq.owner.priority > 0)
-        batch = sum(1 for seq, take in work if seq.owner.priority <= 0 and take == 1)
-        steps.append((interactive, batch))
-        return run(work, failed)
+        return interactive, sum(1 for seq, t in work if seq.owner.priority <= 0 and t == 1)
 
-    engine._runner.run = recorded  # type: ignore[method-assign]
-    try:
+    with steps_of(engine, summary) as steps:
         items = list(engine.generate(source, urgent=source.urgent))
-    finally:
-        del engine._runner.run
     return {r.id: r for r in items if isinstance(r, GenerationResult)}, steps
 
 
