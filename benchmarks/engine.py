@@ -29,7 +29,9 @@ known GPUs by name).
 
 `--host-rows 64 256 [--old-engine DIR]` measures the engine's host time instead: every row
 decodes 64 tokens (max_batch_size = rows), and the wall time outside the model's forwards is
-divided by the forwards (the goal: at most 0.5 ms per forward at 256 rows). With
+divided by the forwards; "steady decoding" is the host time before each forward in which
+every row decodes (since the forward before it), per such forward (the goal: at most 0.5 ms
+per forward at 256 decoding rows). With
 `--old-engine` (a copy of an older `inference/engine`, e.g. `git archive REV inference/engine |
 tar -x -C /tmp/old`, then `/tmp/old/inference/engine`) that engine runs too, alternating, in
 the same process. With `--shared-prefix` the rows share the 500-token system prompt (packed
@@ -333,18 +335,33 @@ def measure(
 
 
 class ForwardClock:
-    """Wall time spent inside the model's forwards, and how many there were."""
+    """Wall time spent inside the model's forwards, and how many there were; with `rows`,
+    also the host time before each forward of `rows` one-token rows (steady decoding: every
+    row decodes), counted from the end of the forward before it."""
 
     def __init__(self, model: Any) -> None:
         self.seconds, self.forwards, self._began = 0.0, 0, 0.0
-        model.register_forward_pre_hook(self._before)
+        self.rows = 0
+        self.decoding_host, self.decoding_forwards = 0.0, 0
+        self._ended: float | None = None
+        model.register_forward_pre_hook(self._before, with_kwargs=True)
         model.register_forward_hook(self._after)
 
-    def _before(self, module: Any, args: Any) -> None:
+    def reset(self, rows: int) -> None:
+        self.seconds, self.forwards, self.rows = 0.0, 0, rows
+        self.decoding_host, self.decoding_forwards, self._ended = 0.0, 0, None
+
+    def _before(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
         self._began = time.perf_counter()
+        ids = kwargs.get("input_ids")
+        shape = tuple(ids.shape) if ids is not None else ()
+        if self._ended is not None and shape in ((self.rows, 1), (1, self.rows)):
+            self.decoding_host += self._began - self._ended
+            self.decoding_forwards += 1
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
-        self.seconds += time.perf_counter() - self._began
+        self._ended = time.perf_counter()
+        self.seconds += self._ended - self._began
         self.forwards += 1
 
 
@@ -379,30 +396,35 @@ def host_time(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
             for name, cls in engines.items()
         }
         found: dict[str, list[float]] = {name: [] for name in built}
+        steady: dict[str, list[float]] = {name: [] for name in built}
         for round_ in range(args.rounds + 1):
             for name, engine in built.items():
-                clock.seconds, clock.forwards = 0.0, 0
+                clock.reset(rows)
                 began = time.perf_counter()
                 with torch.inference_mode():
                     for _ in engine.generate(iter(requests)):
                         pass
                 wall = time.perf_counter() - began
                 host = (wall - clock.seconds) / clock.forwards * 1e3
+                decoding = clock.decoding_host / max(clock.decoding_forwards, 1) * 1e3
                 tag = "warm-up" if round_ == 0 else f"round {round_}"
                 print(
                     f"  {tag:8} {name} engine, {rows} rows: {clock.forwards} forwards, "
                     f"{wall:.2f} s, {clock.seconds / wall:.0%} in forwards, "
-                    f"host {host:.2f} ms/forward, {rows * tokens / wall:.0f} tok/s",
+                    f"host {host:.2f} ms/forward, steady decoding {decoding:.2f} ms/forward "
+                    f"({clock.decoding_forwards} forwards), {rows * tokens / wall:.0f} tok/s",
                     flush=True,
                 )
                 if round_:
                     found[name].append(host)
+                    steady[name].append(decoding)
         for name, hosts in found.items():
             # The least is printed too: load from other processes only ever adds to it.
             median, least = statistics.median(hosts), min(hosts)
             print(
                 f"  median {name} engine, {rows} rows: host {median:.2f} ms/forward "
-                f"(least {least:.2f})"
+                f"(least {least:.2f}); steady decoding {statistics.median(steady[name]):.2f} "
+                f"(least {min(steady[name]):.2f})"
             )
 
 

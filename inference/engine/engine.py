@@ -33,6 +33,7 @@ and the model's inputs, forward and logits (runner.py).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
@@ -42,6 +43,7 @@ import torch
 from .blocks import BlockManager
 from .pacing import BatchPacer
 from .runner import ModelRunner
+from .runs import MAX_RUN_STEPS, DecodeRun
 from .sampling import row_sampling
 from .scheduler import Scheduler
 from .sequence import Failed, Request, Sequence
@@ -118,6 +120,8 @@ class Engine:
             max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
         self.max_step_tokens = max(max_step_tokens, max_batch_size)
         self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
+        # Decoding runs (runs.py) need the aborts polled by time, not at every step.
+        self._runs = abort_poll_seconds > 0
         # Caps batch work beside interactive requests, learned across calls (pacing.py).
         self._pacer = BatchPacer(
             interactive_step_seconds,
@@ -210,7 +214,17 @@ class Engine:
 
                 began = time.perf_counter()
                 with torch.inference_mode():
-                    stepped, advanced, finished, failed = self._step(scheduler)
+                    run = None
+                    if self._runs and (exhausted or in_use >= self.max_batch_size):
+                        # The source would not be asked before rows free up: plan ahead.
+                        run = self._plan_run(scheduler)
+                    if run is None:
+                        stepped, advanced, finished, failed = self._step(scheduler)
+                    else:
+                        budget = self.abort_poll_seconds - work_since_poll if aborted else math.inf
+                        stepped, advanced, finished, failed = self._run(
+                            scheduler, run, budget=budget, urgent=urgent
+                        )
                 spent = self._account(began, stepped)
                 work_since_poll += spent
                 if scheduler.last_paced is not None:
@@ -275,7 +289,19 @@ class Engine:
             device=self._runner.device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
-        seq = Sequence(owner=request, choice=choice, sampling=sampling)
+        params = request.request.params
+        seq = Sequence(
+            owner=request,
+            choice=choice,
+            sampling=sampling,
+            runs_ahead=(
+                sampling.draws_only
+                and not params.stop
+                and not request.request.stream
+                and not request.request.media
+                and request.priority <= 0
+            ),
+        )
         self._blocks.index_prompt(seq)
         return seq
 
@@ -313,6 +339,69 @@ class Engine:
         if len(rows) != len(work) or rows != list(range(len(work))):
             values = values[torch.tensor(rows, dtype=torch.long).to(values.device)]
         tokens = self._runner.next_tokens(values, sampled, failed)
+        return (stepped, *self._sampled(scheduler, sampled, tokens, failed))
+
+    def _plan_run(self, scheduler: Scheduler) -> DecodeRun | None:
+        """A decoding run over every sequence in flight, when the next steps' plan is known
+        and their blocks fit (runs.py)."""
+        planned = scheduler.run_ahead(MAX_RUN_STEPS)
+        if planned is None:
+            return None
+        seqs, steps = planned
+        if not self._runner.decodes_padded(seqs):
+            return None
+        steps = scheduler.reserve(seqs, steps)
+        return DecodeRun(self._runner, seqs, steps) if steps else None
+
+    def _run(
+        self,
+        scheduler: Scheduler,
+        run: DecodeRun,
+        *,
+        budget: float,
+        urgent: Callable[[], bool] | None,
+    ) -> tuple[list[Sequence], list[Sequence], list[Sequence], Failed]:
+        """Take a run's steps until it ends (runs.py): its last step, a row's end-of-sequence
+        token, `urgent()`, or `budget` seconds (the abort poll). Then the steps before the
+        last are recorded in bulk (no row can end in them) and the last as a single step's
+        are. A step that raises ends the run before it: the next single step runs it again,
+        and finds the request it belongs to there (runner.run)."""
+        eos = self.eos_token_ids
+        began = time.perf_counter()
+        try:
+            while len(run.tokens) < run.steps:
+                tokens = run.step()
+                if not eos.isdisjoint(tokens) or (urgent is not None and urgent()):
+                    break
+                if time.perf_counter() - began >= budget:
+                    break
+        except Exception as exc:  # OutOfMemoryError included: the single step halves
+            logger.warning("a decoding run stopped: %s", type(exc).__name__)
+            self._runner.release_memory()
+        finally:
+            run.end()
+        taken = len(run.tokens)
+        if not taken:
+            return self._step(scheduler)
+        failed = Failed()
+        seqs = run.seqs
+        if taken > 1:
+            for seq, column in zip(seqs, zip(*run.tokens[:-1], strict=True), strict=True):
+                seq.tokens.extend(column)
+                seq.computed += taken - 1
+        sampled, _ = scheduler.computed([(seq, 1) for seq in seqs], [True] * len(seqs), failed)
+        last: list[int | None] = list(run.tokens[-1])
+        return (seqs, *self._sampled(scheduler, sampled, last, failed))
+
+    def _sampled(
+        self,
+        scheduler: Scheduler,
+        sampled: list[Sequence],
+        tokens: list[int | None],
+        failed: Failed,
+    ) -> tuple[list[Sequence], list[Sequence], Failed]:
+        """Append the sampled tokens and take the sequences that finished out of flight;
+        returns those that go on with a new token, those that finished, and `failed`."""
         finished = self._advance(sampled, tokens, failed)
         scheduler.finish(finished)
         scheduler.drop(failed.owners)
@@ -322,7 +411,7 @@ class Engine:
             for s, t in zip(sampled, tokens, strict=True)
             if t is not None and id(s) not in done and s.owner not in failed.owners
         ]
-        return stepped, advanced, finished, failed
+        return advanced, finished, failed
 
     # -- sampling and appending -------------------------------------------------------------
 

@@ -126,17 +126,44 @@ def padded_layout(
     """`table` ([rows, width]): each row's blocks (entries past its length are ignored);
     `lengths` ([rows]): tokens stored after the step, the new one included. Shapes depend on
     `table`'s only, so that a captured step (graphs.py) replays with new values."""
-    bs = block_size
-    rows, width = table.shape
-    k = torch.arange(width * bs, device=table.device)
-    inside = k[None, :] < lengths[:, None]
-    # Each block's slots by broadcasting, not by indexing the table per key (several times
-    # slower on CPU).
-    slots = (table[:, :, None] * bs + k[:bs]).reshape(rows, width * bs)
-    read = torch.where(inside, slots, 0)
-    positions = (lengths - 1)[:, None]
-    write = table.gather(1, positions // bs) * bs + positions % bs
-    q_pos = k_pos = None
-    if windowed:
-        q_pos, k_pos = positions[:, None, :, None], k[None, None, None, :]
-    return Padded(read, write, positions, inside[:, None, None, :], q_pos, k_pos)
+    return PaddedSteps(table, block_size=block_size, windowed=windowed).at(lengths, table.shape[1])
+
+
+class PaddedSteps:
+    """The padded layouts of consecutive decoding steps of the same rows over one block table
+    (a decoding run, runs.py): each row's slots are worked out once; a step's layout then
+    adds each row's one new key to the last step's (a few ops on `[rows]` tensors, not
+    `[rows, keys]` ones), except when the widest row enters a new block."""
+
+    def __init__(self, table: torch.Tensor, *, block_size: int, windowed: bool) -> None:
+        """`table` ([rows, width]): each row's blocks, as wide as the widest step needs."""
+        bs = block_size
+        rows, width = table.shape
+        self._block_size = bs
+        self._windowed = windowed
+        self._k = torch.arange(width * bs, device=table.device)
+        # Each block's slots by broadcasting, not by indexing the table per key (several
+        # times slower on CPU).
+        self._slots = (table[:, :, None] * bs + self._k[:bs]).reshape(rows, width * bs)
+        self._keys = 0  # the width in keys of the last layout
+        self._read = self._inside = self._k  # (the last layout's, once there is one)
+
+    def at(self, lengths: torch.Tensor, width: int) -> Padded:
+        """The layout of the step after which the rows hold `lengths` tokens ([rows], the new
+        one included), over the first `width` blocks of each row. Called once a step, in
+        order (each row one token longer than at the last call); the layout it returns is
+        good until the next call."""
+        keys = width * self._block_size
+        positions = (lengths - 1)[:, None]
+        write = self._slots.gather(1, positions)
+        if keys != self._keys:  # the first step, or the widest row entered a new block
+            self._keys = keys
+            self._inside = self._k[None, :keys] < lengths[:, None]
+            self._read = torch.where(self._inside, self._slots[:, :keys], 0)
+        else:
+            self._inside.scatter_(1, positions, True)
+            self._read.scatter_(1, positions, write)
+        q_pos = k_pos = None
+        if self._windowed:
+            q_pos, k_pos = positions[:, None, :, None], self._k[None, None, None, :keys]
+        return Padded(self._read, write, positions, self._inside[:, None, None, :], q_pos, k_pos)

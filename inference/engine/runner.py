@@ -27,7 +27,7 @@ from .allocator import keep_freed_memory
 from .families import engine_refusal
 from .graphs import DecodeGraphs, graphs_wanted
 from .kv import BlockPool, PagedCache
-from .layout import packed_layout, padded_layout
+from .layout import Padded, PaddedSteps, packed_layout, padded_layout
 from .media import MediaEncoder
 from .sampling import sample
 from .sequence import Failed, Sequence, Work
@@ -206,10 +206,8 @@ class ModelRunner:
         k_pos: torch.Tensor | None = None
         if padded:
             ids = _to([[seq.token_at(seq.computed)] for seq, _ in work], device)
-            if self._graphs is not None and (
-                self._media is None or not any(seq.owner.request.media for seq, _ in work)
-            ):
-                return self._usable(self._graphs.run(ids, table, lengths))
+            if self._media is None or not any(seq.owner.request.media for seq, _ in work):
+                return self.decode(ids, table, lengths)
             pad = padded_layout(table, lengths, block_size=bs, windowed=self._windowed)
             read, write, positions, allowed = pad.read, pad.write, pad.positions, pad.allowed
             q_pos, k_pos = pad.q_pos, pad.k_pos
@@ -254,6 +252,37 @@ class ModelRunner:
         else:  # a model that ignores logits_to_keep (Qwen2-Audio) gives every position back
             logits = out.logits[0, keep]
         return self._usable(logits)
+
+    def decode(
+        self,
+        ids: torch.Tensor,
+        table: torch.Tensor,
+        lengths: torch.Tensor,
+        layouts: PaddedSteps | None = None,
+    ) -> torch.Tensor:
+        """Last-position logits ([rows, vocab]) of a padded decoding step of text rows, from
+        its three inputs on the device: each row's new token ([rows, 1]), its block table
+        ([rows, width]) and its length after the step ([rows]); replayed as a CUDA graph where
+        one was captured. `layouts`: the rows' slots worked out already (`decode_layouts`)."""
+        if self._graphs is not None:
+            return self._usable(self._graphs.run(ids, table, lengths))
+        if layouts is None:
+            return self._usable(self._decode_step(ids, table, lengths))
+        return self._usable(self._run_padded(ids, layouts.at(lengths, table.shape[1])))
+
+    def decode_layouts(self, table: torch.Tensor) -> PaddedSteps | None:
+        """The layouts of several `decode` steps over `table` (wide enough for the last), or
+        None where the steps are replayed as graphs (which lay themselves out)."""
+        if self._graphs is not None:
+            return None
+        return PaddedSteps(table, block_size=self.block_size, windowed=self._windowed)
+
+    def decodes_padded(self, seqs: list[Sequence]) -> bool:
+        """Whether a decoding step of these sequences (one token each) runs padded."""
+        lengths = [seq.computed + 1 for seq in seqs]
+        work = [(seq, 1) for seq in seqs]
+        distinct = self._distinct_blocks(work, lengths)
+        return _decode_padded(distinct, lengths, self.block_size, self._key_width)
 
     def _usable(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_size > self._tokenizer_size:
@@ -305,6 +334,9 @@ class ModelRunner:
     ) -> torch.Tensor:
         """A padded decoding step from its three inputs alone (what graphs.py captures)."""
         pad = padded_layout(table, lengths, block_size=self.block_size, windowed=self._windowed)
+        return self._run_padded(ids, pad)
+
+    def _run_padded(self, ids: torch.Tensor, pad: Padded) -> torch.Tensor:
         out = self._call_model(
             {"input_ids": ids},
             pad.positions,

@@ -51,6 +51,18 @@ class RowSampling:
             and self.logprobs is None
         )
 
+    @property
+    def draws_only(self) -> bool:
+        """Needs nothing per step but its logits and, when it samples, one draw from its
+        generator (no bias, penalty, grammar or logprobs): what `RunSampler` serves."""
+        return (
+            self.bias_ids is None
+            and not self.presence_penalty
+            and not self.frequency_penalty
+            and self.constraint is None
+            and self.logprobs is None
+        )
+
 
 def row_sampling(
     params: SamplingParams,
@@ -157,6 +169,71 @@ def sample(
     return tokens
 
 
+class RunSampler:
+    """The next tokens of the same rows over up to `steps` steps (a decoding run, runs.py),
+    each step's what `sample` would choose, without a Python pass over the rows a step.
+
+    Rows must be `draws_only`. The bans become one index, built once; greedy rows take the
+    argmax; sampling rows take their draws from their generators up front (`torch.rand(k)`
+    gives the k values, and leaves the state, that k calls of `torch.rand(1)` would), and
+    `rewind` puts each generator where those steps alone would have left it when the run
+    ends early, so a seeded row samples the same tokens however its steps were grouped.
+    """
+
+    def __init__(self, rows: Sequence[RowSampling], steps: int, device: torch.device) -> None:
+        banned = [i for i, row in enumerate(rows) if row.banned_ids is not None]
+        self._ban = (
+            _index([i for i in banned for _ in rows[i].banned_ids or ()], device),
+            _index([t for i in banned for t in rows[i].banned_ids or ()], device),
+        )
+        self._steps = steps
+        self._states: list[tuple[torch.Generator, torch.Tensor]] = []
+        self._subsets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]]
+        self._subsets = []
+        drawing = [i for i, row in enumerate(rows) if row.temperature > 0]
+        for nucleus in (False, True):
+            subset = [i for i in drawing if (rows[i].top_p < 1) == nucleus]
+            if not subset:
+                continue
+            draws = []
+            for i in subset:
+                generator = rows[i].generator
+                if generator is None:  # every sampling row has one (row_sampling)
+                    raise ValueError("a sampling row without a generator")
+                self._states.append((generator, generator.get_state()))
+                draws.append(torch.rand(steps, generator=generator))
+            top_p = (
+                torch.tensor([rows[i].top_p for i in subset], device=device) if nucleus else None
+            )
+            self._subsets.append(
+                (
+                    _index(subset, device),
+                    torch.tensor([rows[i].temperature for i in subset], device=device),
+                    top_p,
+                    torch.stack(draws).to(device),
+                )
+            )
+
+    def choose(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Step `step`'s tokens ([rows], on the device) from its logits ([rows, vocab])."""
+        logits = logits.float()
+        if self._ban[0].numel():
+            logits[self._ban] = float("-inf")
+        chosen = logits.argmax(dim=-1)
+        for index, temperature, top_p, draws in self._subsets:
+            chosen[index] = _pick(logits[index], temperature, top_p, draws[:, step])
+        return chosen
+
+    def rewind(self, used: int) -> None:
+        """The run took `used` steps: leave each generator as `used` draws would have."""
+        if used == self._steps:
+            return
+        for generator, state in self._states:
+            generator.set_state(state)
+            if used:
+                torch.rand(used, generator=generator)
+
+
 def _mask(logits: torch.Tensor, rows: list[RowSampling], index: list[int]) -> None:
     vocab = logits.shape[-1]
     bitmask = torch.full((len(rows), mask_words(vocab)), -1, dtype=torch.int32)
@@ -196,15 +273,27 @@ def _record_logprobs(row: RowSampling, logits: torch.Tensor, token: int) -> None
 
 def _draw(logits: torch.Tensor, rows: list[RowSampling], use_top_p: bool) -> torch.Tensor:
     temperature = torch.tensor([r.temperature for r in rows], device=logits.device)
+    top_p = torch.tensor([r.top_p for r in rows], device=logits.device) if use_top_p else None
+    draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(logits.device)
+    return _pick(logits, temperature, top_p, draws)
+
+
+def _pick(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor | None,
+    draws: torch.Tensor,
+) -> torch.Tensor:
+    """Each row's token at its uniform draw in `draws` (one per row) through the cumulative
+    distribution of its logits over its temperature, cut to its nucleus when `top_p` is
+    given."""
     probs = torch.softmax(logits / temperature[:, None], dim=-1)
     order = None
-    if use_top_p:
+    if top_p is not None:
         probs, order = probs.sort(dim=-1, descending=True, stable=True)
-        top_p = torch.tensor([r.top_p for r in rows], device=logits.device)
         # Keep the smallest head whose mass reaches top_p (the token that crosses it included).
         probs = probs.masked_fill((probs.cumsum(dim=-1) - probs) > top_p[:, None], 0.0)
     cumulative = probs.cumsum(dim=-1)
-    draws = torch.cat([torch.rand(1, generator=r.generator) for r in rows]).to(logits.device)
     targets = draws * cumulative[:, -1]
     picked = torch.searchsorted(cumulative, targets[:, None], right=True).clamp_(
         max=probs.shape[-1] - 1

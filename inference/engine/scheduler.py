@@ -275,6 +275,48 @@ class Scheduler:
             )
         return work
 
+    def run_ahead(self, max_steps: int) -> tuple[list[Sequence], int] | None:
+        """The sequences and number of steps of a decoding run (runs.py), when the next steps'
+        plan is known already: nothing waits, every sequence in flight is a batch sequence
+        decoding with sampling that can run ahead (`Sequence.runs_ahead`), the step budget
+        and pacing take them all, and every one can take the run's steps without reaching
+        its `max_new_tokens` before the last. None otherwise (steps go one at a time).
+        Reserves nothing: `reserve` does."""
+        running = self.running
+        if self.waiting or not running or len(running) > min(self._step_rows, self._step_tokens):
+            return None
+        steps = max_steps
+        for seq in running:
+            if (
+                not seq.runs_ahead
+                or not seq.owner.forked
+                or seq.computed == 0
+                or seq.prompt_length + len(seq.tokens) - seq.computed != 1
+            ):
+                return None
+            steps = min(steps, seq.owner.request.params.max_new_tokens - len(seq.tokens))
+        if steps < 2:
+            return None
+        if self._pacer is not None and self._seen_interactive:
+            allow = self._pacer.allowance(interactive=0, prefill=False, now=time.monotonic())
+            if allow.limited:
+                return None
+        self.last_paced = None
+        return list(running), steps
+
+    def reserve(self, seqs: list[Sequence], steps: int) -> int:
+        """Reserve the blocks of `steps` more tokens for each sequence, or of half as many
+        while they do not all fit now; returns the steps reserved (0: nothing, fewer than
+        two would fit)."""
+        blocks = self.blocks
+        while steps >= 2:
+            if sum(blocks.needed(seq, steps) for seq in seqs) <= blocks.available:
+                for seq in seqs:
+                    blocks.grow(seq, steps)
+                return steps
+            steps //= 2
+        return 0
+
     def _gather(self, work: Work) -> bool:
         """Whether fresh batch prompts wait this step (rows are decoding, too few of them are
         fresh yet, and they have not waited GATHER_STEPS already)."""

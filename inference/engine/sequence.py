@@ -57,6 +57,9 @@ class Sequence:
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored
     preempted: bool = False  # its own blocks, found again in the cache, are not a cache hit
     sent: int = 0  # characters of its text already yielded as partials (streaming requests)
+    # Whether it may decode in runs of steps planned at once (runs.py): a batch text row
+    # without stop strings or streaming whose sampling needs nothing per step but its draws.
+    runs_ahead: bool = False
     prompt_length: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,8 @@ blocks are never read (every read is bounded by the sequence's length).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _FIRST_ROWS = 64
@@ -55,7 +57,7 @@ class DeviceTables:
         if row is not None:
             self._free.append(row)
 
-    def gather(self, holders: list[object], width: int) -> torch.Tensor:
+    def gather(self, holders: Sequence[object], width: int) -> torch.Tensor:
         """The first `width` entries of each holder's table, `[len(holders), width]`."""
         self._flush()
         if width > self._table.shape[1]:

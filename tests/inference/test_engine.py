@@ -33,11 +33,6 @@ LONG_SYSTEM = (
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path):
-    return load_model(str(tiny_model_dir))
-
-
-@pytest.fixture(scope="module")
 def model(loaded):
     return loaded[0]
 

@@ -4,21 +4,14 @@ of them; what each request generates does not change."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from inference.engine import Engine, GenerationRequest, GenerationResult, load_model
+from inference.engine import Engine, GenerationRequest, GenerationResult
 from inference.engine import scheduler as scheduler_module
 from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import greedy, prompt
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path):
-    return load_model(str(tiny_model_dir))
 
 
 def _backlog(tokenizer) -> list[GenerationRequest]:

@@ -20,18 +20,12 @@ from inference.engine import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
-    load_model,
 )
 from inference.engine.process import EngineProcess
 from inference.engine.types import PartialResult
 from inference.rendering import render_prompt
 
 pytestmark = pytest.mark.model
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir: Path):
-    return load_model(str(tiny_model_dir))
 
 
 def prompt(tokenizer: Any, text: str) -> list[int]:

@@ -1,0 +1,72 @@
+"""Decoding runs: several decoding steps of the same rows, planned at once.
+
+In steady decoding (every sequence in flight decoding, nothing waiting, no interactive
+request) the plan of the next steps is known before they run: the same rows, one token each.
+A run reserves each row's blocks for up to `MAX_RUN_STEPS` tokens at once and gathers their
+block tables once; each of its steps is then tensor work alone: the tokens one step samples
+are the next step's inputs where they already are (on the device), the lengths step by one,
+the bans and draws of its sampling were prepared for the whole run (sampling.RunSampler), and
+the only read into Python is the sampled tokens, as in a single step. What a step costs in
+Python per row (appending the token, sealing full blocks, finishing) is done once for the run
+when it ends (engine.py).
+
+A run ends at its last step, at the first step in which a row samples an end-of-sequence token
+(its steps are chosen so that no row reaches its `max_new_tokens` before the last), and when
+the engine must look at its source or its aborts (an interactive request is urgent, the abort
+poll is due). The steps a run takes are the steps the engine would have taken one at a time,
+with the same layout and shapes: the same tokens (tests/inference/test_engine_runs.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .runner import ModelRunner
+from .sampling import RunSampler
+from .sequence import Sequence
+
+# The most steps planned at once: a row's reservation is then at most one block ahead.
+MAX_RUN_STEPS = 32
+
+
+class DecodeRun:
+    """The steps of one run over `seqs` (their blocks reserved for `steps` tokens)."""
+
+    def __init__(self, runner: ModelRunner, seqs: list[Sequence], steps: int) -> None:
+        device, bs = runner.device, runner.block_size
+        self.seqs = seqs
+        self.steps = steps
+        self.tokens: list[list[int]] = []  # each step's sampled tokens, a row per sequence
+        self._runner = runner
+        # The longest row's length after the first step: step i's table is as wide as
+        # a single step's would be (the same shapes, so the same logits).
+        self._first = max(seq.computed for seq in seqs) + 1
+        self._block_size = bs
+        self._table = runner.pool.tables.gather(seqs, math.ceil((self._first + steps - 1) / bs))
+        self._layouts = runner.decode_layouts(self._table)
+        self._lengths = _to([seq.computed + 1 for seq in seqs], device)
+        self._ids = _to([[seq.token_at(seq.computed)] for seq in seqs], device)
+        self._sampler = RunSampler([seq.sampling for seq in seqs], steps, device)
+
+    def step(self) -> list[int]:
+        """Run the next step; its tokens, a row per sequence."""
+        step = len(self.tokens)
+        width = -(-(self._first + step) // self._block_size)
+        logits = self._runner.decode(
+            self._ids, self._table[:, :width], self._lengths + step, self._layouts
+        )
+        chosen = self._sampler.choose(logits, step)
+        tokens: list[int] = chosen.tolist()
+        self._ids = chosen[:, None]
+        self.tokens.append(tokens)
+        return tokens
+
+    def end(self) -> None:
+        """No more steps: the sampling rows' generators are left as the steps taken left them."""
+        self._sampler.rewind(len(self.tokens))
+
+
+def _to(values: list, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
