@@ -73,6 +73,10 @@ class InteractiveFeed:
         self.channels = channels()
         self.reporter = worker_id()
         self._lock = threading.Lock()
+        # Held by the feed's thread from each pop of the channel until what it popped is in
+        # flight (or refused), so a run deciding to end never misses a request in between.
+        self._intake = threading.Lock()
+        self._closed = False  # the run is ending: requests stay in the channel for the next
         self._inflight: dict[str, Submitted] = {}  # generation id → request
         self._rows = 0  # rows (n per request) of the requests in flight
         self._aborted: frozenset[str] = frozenset()
@@ -110,14 +114,25 @@ class InteractiveFeed:
 
     def lingering(self) -> bool:
         """Whether the run should stay up for interactive work: some in flight, one waiting
-        in the key's channel, or one taken within the linger time. A batch run that never
-        saw one ends with its batch work, leaving the worker thread to other keys."""
-        with self._lock:
-            busy = bool(self._inflight)
-        if busy or requests_waiting(self.key):
-            return True
-        last = self._last
-        return last is not None and time.monotonic() - last < setting("INTERACTIVE_LINGER_SECONDS")
+        in the key's channel or popped and being prepared, or one taken within the linger
+        time. A batch run that never saw one ends with its batch work, leaving the worker
+        thread to other keys.
+
+        When it answers False the feed takes nothing more: a request that comes later stays
+        in the channel for the next run (its wake-up is sent again while this one ends,
+        batches.execution.pipeline), never taken by a run that is ending and then answered
+        with its end. The answer waits for a pop under way (POP_SECONDS at most)."""
+        with self._intake:
+            with self._lock:
+                busy = bool(self._inflight)
+            last = self._last
+            recent = last is not None and (
+                time.monotonic() - last < setting("INTERACTIVE_LINGER_SECONDS")
+            )
+            if busy or recent or requests_waiting(self.key):
+                return True
+            self._closed = True
+            return False
 
     def aborted(self) -> frozenset[str]:
         """Generation ids whose client went away (refreshed by the feed's thread)."""
@@ -166,20 +181,27 @@ class InteractiveFeed:
                 if time.monotonic() - last_report >= HEADROOM_TTL_SECONDS / 4:
                     last_report = time.monotonic()
                     self._report()
-                raw = self.channels.pop(request_channel(self.key), timeout=POP_SECONDS)
-                if raw is None:
-                    continue
-                try:
-                    submitted = Submitted.decode(raw)
-                except (CryptoError, InvalidTag, ValueError, TypeError) as exc:
-                    # Not sealed by a web process with our master keys: nobody to answer.
-                    logger.error("interactive request refused: %s", type(exc).__name__)
-                    continue
-                self._take(submitted)
+                with self._intake:
+                    if self._closed:
+                        break
+                    self._pop_and_take()
         except Exception as exc:
             logger.error("interactive feed of %s stopped: %s", self.key, type(exc).__name__)
         finally:
             connection.close()
+
+    def _pop_and_take(self) -> None:
+        raw = self.channels.pop(request_channel(self.key), timeout=POP_SECONDS)
+        if raw is None:
+            return
+        self._last = time.monotonic()  # a run that saw a message lingers for the next
+        try:
+            submitted = Submitted.decode(raw)
+        except (CryptoError, InvalidTag, ValueError, TypeError) as exc:
+            # Not sealed by a web process with our master keys: nobody to answer.
+            logger.error("interactive request refused: %s", type(exc).__name__)
+            return
+        self._take(submitted)
 
     def _report(self) -> None:
         free = max(0, self.max_rows - self.engine_rows())
@@ -193,7 +215,6 @@ class InteractiveFeed:
             self._aborted = frozenset(ids[k] for k in self.channels.flagged(list(ids)))
 
     def _take(self, submitted: Submitted) -> None:
-        self._last = time.monotonic()
         if submitted.deadline < time.time() or self.channels.flagged([abort_flag(submitted.id)]):
             logger.info("interactive %s dropped: its client stopped waiting", submitted.id)
             return
