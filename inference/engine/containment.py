@@ -8,6 +8,10 @@ or the engine raises holding none, the engine itself is broken (`broken` is set)
 stops: whatever was not answered is left to the caller, who hands it back (its attempts are
 bounded where it was claimed).
 
+A streaming request whose partial text was already yielded is not streamed twice: its run
+alone yields only the text past what was sent, and ends as `internal_error` if its text departs
+from it (sampling drew other tokens), since text a client was streamed cannot be taken back.
+
 Used where the engine runs: the worker's inline pipeline, and the engine process (so a
 request that kills a step is isolated there, next to the engine, not across the pipe).
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator
 from typing import Any
 
 from .protocol import GenerationEngine
@@ -42,6 +46,7 @@ class Contained:
         self.broken = False
         self._lock = threading.Lock()
         self._in_engine: dict[str, GenerationRequest] = {}  # pulled, not answered
+        self._streamed: dict[str, dict[int, str]] = {}  # partial text yielded, by choice
 
     @property
     def tokenizer(self) -> Any:
@@ -81,9 +86,7 @@ class Contained:
         while True:
             try:
                 for result in self._generate(feed, aborted, urgent):
-                    if isinstance(result, GenerationResult):  # a partial answers nothing
-                        with self._lock:
-                            self._in_engine.pop(result.id, None)
+                    self._note(result)
                     yield result
                 return
             except Exception as exc:
@@ -91,6 +94,7 @@ class Contained:
                 with self._lock:
                     suspects = list(self._in_engine.values())
                     self._in_engine.clear()
+                    streamed, self._streamed = self._streamed, {}
                 if not suspects:
                     # It raised holding no request of the source's: no request is to blame,
                     # and calling it again would fail the same way, for ever.
@@ -99,7 +103,7 @@ class Contained:
                 failures = 0
                 for request in suspects:
                     try:
-                        yield from self.engine.generate([request], aborted=aborted)
+                        yield from _alone(self.engine, request, streamed.get(request.id), aborted)
                     except Exception as alone:
                         failures += 1
                         logger.error(
@@ -113,6 +117,15 @@ class Contained:
                     self.broken = True
                     return
 
+    def _note(self, result: GenerationResult | PartialResult) -> None:
+        with self._lock:
+            if isinstance(result, PartialResult):
+                sent = self._streamed.setdefault(result.id, {})
+                sent[result.index] = sent.get(result.index, "") + result.text
+            else:  # answered: nothing of it is a suspect any more
+                self._in_engine.pop(result.id, None)
+                self._streamed.pop(result.id, None)
+
     def _generate(
         self,
         feed: Iterable[GenerationRequest],
@@ -124,6 +137,42 @@ class Contained:
         if urgent is None:
             return generate(feed, aborted=aborted)  # type: ignore[no-any-return]
         return generate(feed, aborted=aborted, urgent=urgent)  # type: ignore[no-any-return]
+
+
+def _alone(
+    engine: GenerationEngine,
+    request: GenerationRequest,
+    sent: dict[int, str] | None,
+    aborted: Callable[[], Collection[str]] | None,
+) -> Iterator[GenerationResult | PartialResult]:
+    """`request` run alone again. With `sent` (its partial text already yielded, by choice),
+    the run's partials yield only the text past it, and a run whose text departs from it
+    ends as the request's internal_error."""
+    if not sent:
+        yield from engine.generate([request], aborted=aborted)
+        return
+    again: dict[int, str] = {}
+    run = iter(engine.generate([request], aborted=aborted))
+    try:
+        for result in run:
+            if isinstance(result, PartialResult):
+                before = again.get(result.index, "")
+                text = again[result.index] = before + result.text
+                done = sent.get(result.index, "")
+                if not (text.startswith(done) or done.startswith(text)):
+                    yield failed_result(request)
+                    return
+                if len(text) > len(done):
+                    yield PartialResult(
+                        result.id, result.index, text[max(len(done), len(before)) :]
+                    )
+                continue
+            if not all(c.text.startswith(sent.get(c.index, "")) for c in result.choices):
+                result = failed_result(request)
+            yield result
+    finally:
+        if isinstance(run, Generator):
+            run.close()  # a run left early frees its rows now
 
 
 def failed_result(request: GenerationRequest) -> GenerationResult:

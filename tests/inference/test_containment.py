@@ -6,7 +6,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from inference.engine.containment import Contained
-from inference.engine.types import GenerationRequest, SamplingParams
+from inference.engine.types import (
+    ERROR_INTERNAL,
+    Choice,
+    GenerationRequest,
+    GenerationResult,
+    PartialResult,
+    SamplingParams,
+)
 
 
 class _Refusing:
@@ -34,3 +41,82 @@ def test_an_engine_that_raises_holding_no_request_is_broken_not_called_for_ever(
     assert list(contained.generate(iter([request]))) == []
     assert contained.broken
     assert engine.calls == 1
+
+
+class _Scripted:
+    """An engine that streams `texts[id]` piece by piece, a piece a step, and raises at the
+    step given by `poison` (a step of every request in the call: the poisoned request is
+    the one in `poison`); alone, each request runs to its end unless it is the poison. Which
+    pieces a run alone gives comes from `again` (default: the same as the first run)."""
+
+    tokenizer = None
+    max_batch_size = 4
+    media_modalities: frozenset[str] = frozenset()
+    contains_failures = False
+
+    def __init__(self, texts: dict[str, list[str]], poison: str, again=None) -> None:
+        self.texts, self.poison, self.again = texts, poison, again or texts
+        self.calls = 0
+        self.closed: list[str] = []  # requests whose run alone was left before its end
+
+    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None):
+        self.calls += 1
+        pulled = list(requests)
+        alone = self.calls > 1
+        script = self.again if alone else self.texts
+        ended = False
+        try:
+            for step in range(max((len(script[r.id]) for r in pulled), default=0)):
+                for r in pulled:
+                    if r.id == self.poison and (alone or step == 2):
+                        raise RuntimeError("poison")
+                    if step < len(script[r.id]):
+                        yield PartialResult(r.id, 0, script[r.id][step])
+            for r in pulled:
+                text = "".join(script[r.id])
+                yield GenerationResult(r.id, [Choice(0, [1], text, "stop")], 3, 1, 0, 0.0)
+            ended = True
+        finally:
+            if alone and not ended:
+                self.closed.extend(r.id for r in pulled)
+
+    def clear_prefix_cache(self) -> None:
+        pass
+
+
+def _streamed(results: list[Any], rid: str) -> str:
+    return "".join(r.text for r in results if isinstance(r, PartialResult) and r.id == rid)
+
+
+def _requests() -> list[GenerationRequest]:
+    params = SamplingParams(max_new_tokens=8)
+    return [
+        GenerationRequest("s", [1, 2], params, stream=True),
+        GenerationRequest("p", [1, 2], params, stream=True),
+    ]
+
+
+def test_a_streamed_request_run_again_alone_is_not_streamed_twice():
+    texts = {"s": ["Hel", "lo", " wor", "ld"], "p": ["a", "b", "c", "d"]}
+    engine = _Scripted(texts, poison="p")
+    contained = Contained(engine)  # type: ignore[arg-type]
+    results = list(contained.generate(iter(_requests())))
+
+    assert _streamed(results, "s") == "Hello world"  # "Hello" once, then the rest
+    final = {r.id: r for r in results if isinstance(r, GenerationResult)}
+    assert final["s"].error is None and final["s"].choices[0].text == "Hello world"
+    assert final["p"].error == ERROR_INTERNAL
+    assert engine.closed == ["p"]
+    assert not contained.broken
+
+
+def test_a_run_alone_that_departs_from_the_streamed_text_ends_as_internal_error():
+    texts = {"s": ["Hel", "lo", " wor", "ld"], "p": ["a", "b", "c", "d"]}
+    again = {"s": ["Hey", " there"], "p": texts["p"]}  # sampling drew otherwise
+    engine = _Scripted(texts, poison="p", again=again)
+    results = list(Contained(engine).generate(iter(_requests())))  # type: ignore[arg-type]
+
+    assert _streamed(results, "s") == "Hello wor"  # nothing of the other text reached it
+    final = {r.id: r for r in results if isinstance(r, GenerationResult)}
+    assert final["s"].error == ERROR_INTERNAL and final["s"].choices == []
+    assert engine.closed == ["s", "p"]  # its run was left at once, freeing its rows
