@@ -7,6 +7,7 @@ Queues: "engine" runs generation (long, one per engine key at a time per process
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import dramatiq
 
@@ -35,8 +36,15 @@ FINALIZE_RETRY_MS = 2_000  # a batch not ready yet (its stopping workers still l
     priority=ENGINE_WAKE_PRIORITY,
 )
 def engine_wake(revision_id: str, deployment_id: str = "") -> None:
-    # Imported here on purpose: the web process declares this actor only to send it, and must
-    # never load the engine (torch); only worker processes run it.
+    serve_engine_key(revision_id, deployment_id)
+
+
+def serve_engine_key(
+    revision_id: str, deployment_id: str, *, wake_interactive: Callable[[], None] | None = None
+) -> None:
+    """What a wake-up actor does in a worker: serve the key (batches.execution.serve_wake)."""
+    # Imported here on purpose: the web process declares the wake-up actors only to send
+    # them, and must never load the engine (torch); only worker processes run them.
     from batches.execution import serve_wake
 
     serve_wake(
@@ -45,6 +53,7 @@ def engine_wake(revision_id: str, deployment_id: str = "") -> None:
         wake=lambda: wake_another(revision_id, deployment_id),
         finalize=finalize_now,
         finalize_later=finalize_later,
+        wake_interactive=wake_interactive,
     )
 
 

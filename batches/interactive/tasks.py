@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from batches.queue import EngineKey
-from batches.tasks import (
-    ENGINE_BUDGET_SECONDS,
-    ENGINE_TIME_LIMIT_MS,
-    finalize_later,
-    finalize_now,
-    wake_another,
-)
+from batches.tasks import ENGINE_TIME_LIMIT_MS, serve_engine_key
 
 INTERACTIVE_WAKE_PRIORITY = 0  # before every batch wake-up (10) a worker holds
 
@@ -27,16 +20,8 @@ INTERACTIVE_WAKE_PRIORITY = 0  # before every batch wake-up (10) a worker holds
     priority=INTERACTIVE_WAKE_PRIORITY,
 )
 def interactive_wake(revision_id: str, deployment_id: str = "") -> None:
-    # Imported here: the web process declares this actor only to send it (no engine there).
-    from batches.execution import serve_wake
-
-    serve_wake(
-        EngineKey(revision_id, deployment_id),
-        budget_seconds=ENGINE_BUDGET_SECONDS,
-        wake=lambda: wake_another(revision_id, deployment_id),
-        finalize=finalize_now,
-        finalize_later=finalize_later,
-        wake_interactive=lambda: _send_again(revision_id, deployment_id),
+    serve_engine_key(
+        revision_id, deployment_id, wake_interactive=lambda: _send_again(revision_id, deployment_id)
     )
 
 
