@@ -86,7 +86,8 @@ class StepAttention:
 
 
 _step: ContextVar[StepAttention | None] = ContextVar("boardwalk_step", default=None)
-_probed: ContextVar[set[int] | None] = ContextVar("boardwalk_probed", default=None)
+# Layer index -> the sliding window it asked for (None: none), filled by the probe.
+_probed: ContextVar[dict[int, int | None] | None] = ContextVar("boardwalk_probed", default=None)
 
 
 def paged_attention(
@@ -156,10 +157,12 @@ def _probe_attention(
     *args: Any,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """A one-token forward's attention (every key visible), noting which layer called it."""
+    """A one-token forward's attention (every key visible), noting which layer called it
+    and the window it asked for."""
     called = _probed.get()
     if called is not None:
-        called.add(int(module.layer_idx))  # type: ignore[arg-type]
+        layer = int(module.layer_idx)  # type: ignore[arg-type]
+        called[layer] = kwargs.get("sliding_window") or None
     scaling, softcap, sinks = (kwargs.get(k) for k in ("scaling", "softcap", "s_aux"))
     return explicit_attention(query, key, value, None, scaling, softcap, sinks), None
 
@@ -189,17 +192,31 @@ def step(attention: StepAttention) -> Iterator[None]:
         _step.reset(token)
 
 
-def probe(model: Any, config: Any, forward: Any) -> tuple[Any, bool]:
+@dataclass(frozen=True)
+class Probed:
+    """What a probing forward found: `routed`, whether every layer's attention went through
+    the interface (so the paged function will reach it); `window`, the widest sliding window
+    of the layers when every one of them has one (keys older than it are read by no layer
+    again), else None."""
+
+    routed: bool
+    window: int | None
+
+
+def probe(model: Any, config: Any, forward: Any) -> tuple[Any, Probed]:
     """Run `forward()` (a one-token forward) with the probing attention; returns its result
-    and whether every layer's attention went through the interface (so the paged function
-    will reach it). A model that fails under it is probed with its own attention instead."""
-    called: set[int] = set()
+    and what it found. A model that fails under it is probed with its own attention instead
+    (not routed, no window known)."""
+    called: dict[int, int | None] = {}
     token = _probed.set(called)
     try:
         with implementation(config, _PROBE):
             out = forward()
     except Exception:
-        return forward(), False
+        return forward(), Probed(routed=False, window=None)
     finally:
         _probed.reset(token)
-    return out, called == set(range(config.num_hidden_layers))
+    routed = set(called) == set(range(config.num_hidden_layers))
+    windows = [w for w in called.values() if w]
+    every = routed and len(windows) == len(called)
+    return out, Probed(routed=routed, window=max(windows) if every else None)

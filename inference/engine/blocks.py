@@ -5,7 +5,8 @@ device, tables.py) and so alone touches the pool's reference counts (kv.py): res
 for the tokens a step will compute (copying a shared block before it is written), reading a
 prompt's next blocks from the prefix cache, sealing the blocks that became full (hashing them
 for the cache), sharing a prefilled prompt with the other choices of its request (fork), and
-giving blocks back when a sequence ends or is preempted.
+giving blocks back when a sequence ends or is preempted, and, for a model whose every layer
+has a sliding window, as soon as no layer's window reaches them (`slide`).
 
 A full block's digest chains its tokens to everything before it (its parent's digest), the
 request's cache scope and the media whose placeholders it holds (kv.block_digest).
@@ -21,10 +22,13 @@ from .types import GenerationRequest, MediaInput
 
 
 class BlockManager:
-    def __init__(self, pool: BlockPool, *, prefix_cache: bool) -> None:
+    def __init__(self, pool: BlockPool, *, prefix_cache: bool, window: int | None = None) -> None:
+        """`window`: the widest sliding window of the model's layers when every layer has
+        one (None: keys stay read until the sequence ends)."""
         self.pool = pool
         self.block_size = pool.block_size
         self.prefix_cache = prefix_cache
+        self.window = window
 
     @property
     def available(self) -> int:
@@ -142,11 +146,28 @@ class BlockManager:
             if self.prefix_cache:
                 self.pool.register(seq.blocks[i], digest)
 
+    def slide(self, seq: Sequence) -> None:
+        """Give back the leading blocks whose keys no layer's window reaches any more: the
+        next token to compute sits at position `seq.computed` or later and sees keys after
+        `position - window`. Their entries point at block 0 from then on (zeroed, masked)."""
+        if self.window is None:
+            return
+        dead = (seq.computed - self.window + 1) // self.block_size
+        if dead <= seq.slid:
+            return
+        gone = seq.blocks[seq.slid : dead]
+        self.pool.release(gone)
+        for index in range(seq.slid, dead):
+            seq.blocks[index] = 0
+            self.pool.tables.set(seq, index, 0)
+        seq.slid = dead
+
     def fork(self, seq: Sequence, fork: Sequence) -> None:
         """Let `fork` (another choice of the same request) share everything `seq` computed."""
-        for block in seq.blocks:
+        for block in seq.blocks[seq.slid :]:
             self.pool.share(block)
         fork.blocks = list(seq.blocks)
+        fork.slid = seq.slid
         self.pool.tables.extend(fork, fork.blocks)
         fork.digests = list(seq.digests)
         fork.prompt_digests = seq.prompt_digests
@@ -154,9 +175,9 @@ class BlockManager:
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's blocks back (it ended, failed or was aborted)."""
-        self.pool.release(seq.blocks)
+        self.pool.release(seq.blocks[seq.slid :])
         self.pool.tables.drop(seq)
-        seq.blocks = []
+        seq.blocks, seq.slid = [], 0
 
     def reset(self, seq: Sequence) -> None:
         """Give the blocks back and forget what they held: the sequence keeps its tokens and

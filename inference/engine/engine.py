@@ -119,7 +119,9 @@ class Engine:
         if max_step_tokens is None:
             max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
         self.max_step_tokens = max(max_step_tokens, max_batch_size)
-        self._blocks = BlockManager(self._runner.pool, prefix_cache=prefix_cache)
+        self._blocks = BlockManager(
+            self._runner.pool, prefix_cache=prefix_cache, window=self._runner.window
+        )
         # Decoding runs (runs.py) need the aborts polled by time, not at every step.
         self._runs = abort_poll_seconds > 0
         # Caps batch work beside interactive requests, learned across calls (pacing.py).

@@ -47,12 +47,14 @@ def packed_layout(
     num_blocks: int,
     block_size: int,
     windowed: bool,
+    slid: torch.Tensor | None = None,
 ) -> Packed:
     """`table` ([rows, width]): each row's blocks (entries past its length are ignored);
     `lengths`, `takes`, `starts` ([rows]): tokens stored after the step, computed by it, and
-    stored before it. `n_q` is the sum of `takes`, `n_pairs` the sum over rows of takes x
-    blocks held (ceil(length / block_size)), `distinct` the number of distinct blocks the
-    rows' keys lie in."""
+    stored before it; `slid` ([rows], None: none): each row's leading entries given back out
+    of every layer's window (they read block 0 and are ignored too). `n_q` is the sum of
+    `takes`, `n_pairs` the sum over rows of takes x blocks read (ceil(length / block_size)
+    less `slid`), `distinct` the number of distinct blocks the rows' keys lie in."""
     device, bs = table.device, block_size
     rows, width = table.shape
     row_ids = torch.arange(rows, device=device)
@@ -62,6 +64,10 @@ def packed_layout(
     index = torch.arange(width, device=device)
     held = (lengths + bs - 1) // bs  # blocks each row's keys lie in
     used = index[None, :] < held[:, None]
+    read_from = held
+    if slid is not None:
+        used &= index[None, :] >= slid[:, None]
+        read_from = held - slid
     entry = torch.where(used, table, 0)
     # The step's distinct blocks in ascending order; block 0 (padding) is never handed out.
     present = torch.zeros(num_blocks, dtype=torch.bool, device=device)
@@ -75,10 +81,12 @@ def packed_layout(
 
     # One entry per (query, block of its row): how many leading slots of the block the query
     # sees (its position and before), written into the mask as one row of `bs` flags.
-    pairs = n_pairs
-    e_query = torch.arange(n_q, device=device).repeat_interleave(held[q_row], output_size=pairs)
-    e_first = torch.cumsum(held[q_row], 0) - held[q_row]
+    pairs, q_blocks = n_pairs, read_from[q_row]
+    e_query = torch.arange(n_q, device=device).repeat_interleave(q_blocks, output_size=pairs)
+    e_first = torch.cumsum(q_blocks, 0) - q_blocks
     e_index = torch.arange(pairs, device=device) - e_first[e_query]
+    if slid is not None:
+        e_index += slid[q_row][e_query]
     e_row = q_row[e_query]
     seen = (q_at[e_query] + 1 - e_index * bs).clamp_(0, bs)
     visible = offsets[None, :] < torch.arange(bs + 1, device=device)[:, None]  # [bs+1, bs]

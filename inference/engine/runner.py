@@ -83,7 +83,8 @@ class ModelRunner:
 
         layers = text.num_hidden_layers
         self._text_config = text
-        kv_heads, head_dim, self._paged = _probe(model, text, self.device)
+        kv_heads, head_dim, probed = _probe(model, text, self.device)
+        self._paged = probed.routed
         window = getattr(text, "sliding_window", None) or 0
         # Positions for the layers' windows are worked out only where a layer may have one.
         self._windowed = 0 < window < context_length
@@ -92,6 +93,9 @@ class ModelRunner:
                 "models with a sliding window whose attention does not go through "
                 "transformers' attention interface are not supported"
             )
+        # Where every layer has a window, keys older than the widest are read by no layer
+        # again: the block manager frees the blocks holding only such keys (blocks.py).
+        self.window = probed.window if self._windowed else None
         element = torch.empty((), dtype=self._dtype).element_size()
         block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
         self._key_width = head_dim * kv_heads / text.num_attention_heads
@@ -218,6 +222,13 @@ class ModelRunner:
                 device,
             )
             takes, starts = _to(takes_list, device), _to(starts_list, device)
+            pairs = sum(t * -(-n // bs) for t, n in zip(takes_list, lengths_list, strict=True))
+            slid = None
+            if self.window is not None:  # blocks given back out of every window are not read
+                slid_list = [seq.slid for seq, _ in work]
+                if any(slid_list):
+                    slid = _to(slid_list, device)
+                    pairs -= sum(t * k for t, k in zip(takes_list, slid_list, strict=True))
             # Sizes the host knows are passed along, so that no op has to read a count back
             # from the device (a synchronisation on a GPU).
             packed = packed_layout(
@@ -226,11 +237,12 @@ class ModelRunner:
                 takes,
                 starts,
                 n_q=sum(takes_list),
-                n_pairs=sum(t * -(-n // bs) for t, n in zip(takes_list, lengths_list, strict=True)),
+                n_pairs=pairs,
                 distinct=distinct,
                 num_blocks=self.pool.num_blocks,
                 block_size=bs,
                 windowed=self._windowed,
+                slid=slid,
             )
             read, write, positions, allowed = (
                 packed.read,
@@ -417,12 +429,14 @@ class ModelRunner:
         return tokens
 
 
-def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, bool]:
-    """(key/value heads, head dim, whether the paged attention reaches every layer), read
-    from a one-token forward: the config does not say the shape alike in every family
-    (Falcon's multi-query attention caches one head and has no `num_key_value_heads`; with its
-    new decoder architecture it caches every query head whatever `num_kv_heads` says), nor
-    whether the family's attention dispatches through transformers' interface."""
+def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, paged.Probed]:
+    """(key/value heads, head dim, what the probe found: whether the paged attention reaches
+    every layer, and the layers' windows), read from a one-token forward: the config does not
+    say the shape alike in every family (Falcon's multi-query attention caches one head and has
+    no `num_key_value_heads`; with its new decoder architecture it caches every query head
+    whatever `num_kv_heads` says), nor whether the family's attention dispatches through
+    transformers' interface, nor which layers have a window (Qwen2 and Gemma name one in the
+    config and keep full layers beside it)."""
 
     def forward() -> DynamicCache:
         cache = DynamicCache()
@@ -434,7 +448,7 @@ def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, bool]
         return cache
 
     with torch.inference_mode():
-        cache, routed = paged.probe(model, text, forward)
+        cache, probed = paged.probe(model, text, forward)
     layers = text.num_hidden_layers
     # A linear-attention layer (hybrid models) caches no keys.
     cached = [k for k in (getattr(layer, "keys", None) for layer in cache.layers) if k is not None]
@@ -444,7 +458,7 @@ def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, bool]
             "models whose layers do not all cache keys and values of one shape are not supported"
         )
     kv_heads, head_dim = shapes.pop()
-    return int(kv_heads), int(head_dim), routed
+    return int(kv_heads), int(head_dim), probed
 
 
 def _decode_padded(
@@ -468,13 +482,15 @@ def _decode_padded(
 
 
 def _distinct_blocks(tables: list[list[int]], lengths: list[int], block_size: int) -> int:
-    """How many distinct blocks the rows' keys lie in."""
+    """How many distinct blocks the rows' keys lie in (block 0 stands for blocks given back
+    out of every window, blocks.py `slide`: none)."""
     return len(
         {
             block
             for table, length in zip(tables, lengths, strict=True)
             for block in table[: math.ceil(length / block_size)]
         }
+        - {0}
     )
 
 

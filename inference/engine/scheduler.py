@@ -412,12 +412,15 @@ class Scheduler:
         sampled: list[Sequence] = []
         rows: list[int] = []
         blocks, bs, owners = self.blocks, self.blocks.block_size, failed.owners
+        sliding = blocks.window is not None
         for i, (seq, take) in enumerate(work):
             if owners and seq.owner in owners:
                 continue
             seq.computed += take
             if len(seq.digests) < seq.computed // bs:
                 blocks.seal(seq)
+            if sliding:
+                blocks.slide(seq)
             if seq.computed < seq.prompt_length + len(seq.tokens) or not ok[i]:
                 continue
             sampled.append(seq)

@@ -52,6 +52,9 @@ class Sequence:
     sampling: RowSampling
     tokens: list[int] = field(default_factory=list)  # generated so far
     blocks: list[int] = field(default_factory=list)  # the block table
+    # Its leading blocks given back because no layer's window reaches them any more (their
+    # entries read block 0, blocks.py `slide`).
+    slid: int = 0
     digests: list[bytes] = field(default_factory=list)  # of the full blocks, in order
     prompt_digests: list[bytes] = field(default_factory=list)  # of the prompt's full blocks
     computed: int = 0  # leading tokens of prompt + generated whose keys/values are stored

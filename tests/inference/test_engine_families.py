@@ -271,3 +271,74 @@ def test_alibi_is_refused_when_the_engine_is_built_not_row_by_row(tokenizer) -> 
     built.vocab_size, built.alibi = len(tokenizer), True
     with pytest.raises(ValueError, match="Falcon with ALiBi positions"):
         Engine(tf.FalconForCausalLM(built).eval(), tokenizer, context_length=CONTEXT)
+
+
+def _built(name: str, tokenizer: Any) -> Any:
+    model_class, config = FAMILIES[name]
+    torch.manual_seed(0)
+    built = config()
+    built.vocab_size = len(tokenizer)
+    return model_class(built).eval()
+
+
+@pytest.mark.parametrize(
+    ("name", "window"),
+    [
+        ("mistral-window", WINDOW),
+        ("qwen2-window", None),  # one full layer
+        ("gemma3-window", None),  # alternating local and global layers
+        ("gpt-oss-sinks-window-experts", None),
+        ("llama-grouped-query", None),
+    ],
+)
+def test_blocks_are_given_back_early_only_where_every_layer_has_a_window(
+    name: str, window: int | None, tokenizer: Any
+) -> None:
+    """The window comes from what each layer's attention asks for, not from the config (Qwen2
+    and Gemma name one but keep full layers that read every key)."""
+    engine = Engine(_built(name, tokenizer), tokenizer, context_length=CONTEXT, block_size=4)
+    assert engine._blocks.window == window
+
+
+def test_blocks_out_of_every_window_go_back_so_more_rows_fit_at_once(tokenizer) -> None:
+    """Mistral with an 8-token window: three rows of up to 83 tokens need 63 blocks of 4 at
+    full length, the memory holds 24. With the blocks behind the window given back they run
+    without a preemption; holding every block they must be preempted. Both generate token for
+    token what `model.generate` gives, so a block given back was never read again."""
+    model = _built("mistral-window", tokenizer)
+    family = Family(model)
+    prompts = _prompts(len(tokenizer))
+    tokens = 40
+    params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+    preemptions = {}
+    for sliding in (True, False):
+        engine = Engine(
+            model,
+            tokenizer,
+            context_length=CONTEXT,
+            max_batch_size=4,
+            block_size=4,
+            max_num_blocks=24,
+        )
+        if not sliding:
+            engine._blocks.window = None
+        resets = []
+        reset = engine._blocks.reset
+        engine._blocks.reset = lambda seq, reset=reset, resets=resets: (  # type: ignore[method-assign]
+            resets.append(seq),
+            reset(seq),
+        )
+        results = {
+            r.id: r
+            for r in engine.generate(
+                [GenerationRequest(str(i), p, params) for i, p in enumerate(prompts)]
+            )
+        }
+        for i, p in enumerate(prompts):
+            assert results[str(i)].error is None
+            assert results[str(i)].choices[0].token_ids == family.reference(p, tokens)[0]
+        pool = engine._blocks.pool
+        assert pool.held == 0 and min(pool.refs) == 0  # every block given back once, none twice
+        preemptions[sliding] = len(resets)
+    assert sum(-(-(len(p) + tokens) // 4) for p in prompts) > 24
+    assert preemptions == {True: 0, False: preemptions[False]} and preemptions[False] > 0

@@ -33,33 +33,43 @@ def _rows(rng: random.Random, *, rows: int, bs: int, shared: int, decode: bool):
 @pytest.mark.parametrize("bs", [4, 16])
 @pytest.mark.parametrize("decode", [True, False], ids=["decoding", "prompt-pieces"])
 @pytest.mark.parametrize("shared", [0, 3])
+@pytest.mark.parametrize("sliding", [False, True], ids=["all-held", "slid"])
 def test_packed_layout_lets_each_query_see_its_own_keys_once(
-    bs: int, decode: bool, shared: int
+    bs: int, decode: bool, shared: int, sliding: bool
 ) -> None:
-    rng = random.Random(bs * 100 + shared * 10 + decode)  # noqa: S311 (test data)
+    """`sliding`: each row has given back some leading blocks out of every window (their
+    entries read 0, blocks.py `slide`; a shared block may be given back by one row only)."""
+    rng = random.Random(bs * 100 + shared * 10 + decode + 1000 * sliding)  # noqa: S311 (test data)
     tables, lengths, takes = _rows(rng, rows=7, bs=bs, shared=shared, decode=decode)
+    starts = [n - t for n, t in zip(lengths, takes, strict=True)]
+    slid = [rng.randint(0, start // bs) if sliding else 0 for start in starts]
+    tables = [[0] * k + t[k:] for t, k in zip(tables, slid, strict=True)]
     width = math.ceil(max(lengths) / bs)
     padded = [t[:width] + [0] * (width - len(t[:width])) for t in tables]
-    used = {b for t, n in zip(tables, lengths, strict=True) for b in t[: math.ceil(n / bs)]}
-    starts = [n - t for n, t in zip(lengths, takes, strict=True)]
+    used = {b for t, n in zip(tables, lengths, strict=True) for b in t[: math.ceil(n / bs)]} - {0}
     packed = packed_layout(
         torch.tensor(padded),
         torch.tensor(lengths),
         torch.tensor(takes),
         torch.tensor(starts),
         n_q=sum(takes),
-        n_pairs=sum(t * math.ceil(n / bs) for t, n in zip(takes, lengths, strict=True)),
+        n_pairs=sum(
+            t * (math.ceil(n / bs) - k) for t, n, k in zip(takes, lengths, slid, strict=True)
+        ),
         distinct=len(used),
         num_blocks=4000,
         block_size=bs,
         windowed=True,
+        slid=torch.tensor(slid) if sliding else None,
     )
 
     # Every distinct block once, ascending, a slot of it per column; slots no row reached
     # read block 0.
     blocks = sorted(used)
     reached = {
-        t[p // bs] * bs + p % bs for t, n in zip(tables, lengths, strict=True) for p in range(n)
+        t[p // bs] * bs + p % bs
+        for t, n, k in zip(tables, lengths, slid, strict=True)
+        for p in range(k * bs, n)
     }
     columns = [b * bs + o for b in blocks for o in range(bs)]
     assert packed.read[0].tolist() == [s if s in reached else 0 for s in columns]
@@ -68,12 +78,14 @@ def test_packed_layout_lets_each_query_see_its_own_keys_once(
     assert packed.positions[0].tolist() == [p for _, p in queries]
     assert packed.write[0].tolist() == [tables[r][p // bs] * bs + p % bs for r, p in queries]
     for q, (r, p) in enumerate(queries):
-        own = {tables[r][k // bs] * bs + k % bs for k in range(p + 1)}
+        own = {tables[r][k // bs] * bs + k % bs for k in range(slid[r] * bs, p + 1)}
         assert packed.allowed[0, 0, q].tolist() == [s in own for s in columns], (r, p)
     assert packed.keep.tolist() == [sum(takes[: r + 1]) - 1 for r in range(len(tables))]
     # Window positions: a reached slot's position within the sequences that hold it.
     position = {
-        t[k // bs] * bs + k % bs: k for t, n in zip(tables, lengths, strict=True) for k in range(n)
+        t[p // bs] * bs + p % bs: p
+        for t, n, k in zip(tables, lengths, slid, strict=True)
+        for p in range(k * bs, n)
     }
     assert packed.k_pos is not None and packed.q_pos is not None
     for column, slot in enumerate(columns):
