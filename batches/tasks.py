@@ -14,6 +14,7 @@ import dramatiq
 from batches.lifecycle import NotReady, batch_finalize
 from batches.queue import EngineKey, keys_with_claimable_items
 from batches.sweeps import sweep_work
+from inference.selectors import revisions_too_wide_for_this_worker
 from webhooks.delivery import deliveries_due
 from webhooks.tasks import webhook_deliver
 
@@ -75,6 +76,10 @@ def join_waiting_work() -> set[EngineKey]:
     if not serving_nothing():
         return set()
     keys = keys_with_claimable_items()
+    # Revisions this worker leaves to others (tensor-parallel over more GPUs than it owns):
+    # asking for them would only wake itself and the others like it.
+    too_wide = revisions_too_wide_for_this_worker({k.revision_id for k in keys})
+    keys = {k for k in keys if k.revision_id not in too_wide}
     for key in sorted(keys, key=lambda k: (k.revision_id, k.deployment_id)):
         engine_wake.send(key.revision_id, key.deployment_id)
     return keys

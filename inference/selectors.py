@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from django.conf import settings
 
 from boardwalk.codes import LineCode
 from boardwalk.errors import NotFound
@@ -89,3 +92,32 @@ def model_get_for_org(*, org: Organization, name: str) -> ResolvedModel:
         if entry.name == name:
             return entry
     raise NotFound(f"No model named {name!r}.", param="model")
+
+
+def too_wide_for_this_worker(revision: ModelRevision) -> str | None:
+    """Why this worker process leaves the revision's work to others, or None: a
+    tensor-parallel revision over more GPUs than the worker owns (`WORKER_GPUS`; its ranks
+    would take GPUs another worker's engine runs on)."""
+    owned = settings.WORKER_GPUS
+    if owned <= 0 or revision.tensor_parallel_size <= owned:
+        return None
+    return (
+        f"revision {revision.id} runs tensor-parallel over {revision.tensor_parallel_size} "
+        f"GPUs and this worker owns {owned} (BOARDWALK_WORKER_GPUS; `run_worker --devices` "
+        "gives each worker the GPUs up to the next one): its work is left to a worker that "
+        f"owns {revision.tensor_parallel_size}, such as `run_worker --device cuda:K` or "
+        "`--devices` listing one device per group"
+    )
+
+
+def revisions_too_wide_for_this_worker(revision_ids: Iterable[str]) -> set[str]:
+    """Which of these revisions this worker process leaves to others (one query, none when
+    the worker owns every GPU it sees)."""
+    owned = settings.WORKER_GPUS
+    if owned <= 0:
+        return set()
+    return set(
+        ModelRevision.objects.filter(
+            id__in=list(revision_ids), tensor_parallel_size__gt=owned
+        ).values_list("id", flat=True)
+    )

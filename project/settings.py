@@ -238,6 +238,10 @@ ENGINE_INTERACTIVE_STEP_MS = env_int("BOARDWALK_INTERACTIVE_STEP_MS", 75)
 # Where this worker's engines run: "cpu", "cuda" or "cuda:N"; empty means cuda when a GPU is
 # visible, else cpu. `run_worker --device` sets it per process (one worker per GPU).
 ENGINE_DEVICE = env_str("BOARDWALK_ENGINE_DEVICE", "")
+# GPUs this worker may use from its device on (0: every visible one). A tensor-parallel
+# revision over more is left to other workers. `run_worker --devices` sets it for each worker
+# it starts: the GPUs up to the next supervised device (1 each with `all`).
+WORKER_GPUS = env_int("BOARDWALK_WORKER_GPUS", 0)
 # Reuse of computed prompt prefixes (within one organization and deployment); off only to
 # measure what it gives (benchmarks/platform_vs_engine.py --sectioned).
 ENGINE_PREFIX_CACHE = env_bool("BOARDWALK_ENGINE_PREFIX_CACHE", True)

@@ -6,11 +6,17 @@ worker keeps dying soon after it starts (bad driver, a model that cannot load th
 parked after `MAX_QUICK_FAILURES` in a row instead of being restarted forever; the supervisor
 exits non-zero once every device is parked. The children do the work; the supervisor touches
 neither the database nor the broker.
+
+Each child is told how many GPUs it owns from its device on (`BOARDWALK_WORKER_GPUS`): up to
+the next supervised device, or to the last visible one. A tensor-parallel revision over more
+GPUs than that is left to other workers (inference.selectors), so that its ranks never land
+on a GPU another child's engine runs on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -67,6 +73,19 @@ def devices_parse(value: str) -> list[str]:
     return [device_check(d) for d in devices]
 
 
+def gpus_owned(devices: list[str], visible: int) -> dict[str, int]:
+    """The GPUs each supervised CUDA device's worker owns from its own on: up to the next
+    supervised device, the last one up to `visible` (a CPU worker owns none: not listed)."""
+    starts = sorted({_index(d) for d in devices if d.startswith("cuda")})
+    ends = [*starts[1:], max(visible, starts[-1] + 1)] if starts else []
+    span = {start: end - start for start, end in zip(starts, ends, strict=True)}
+    return {d: span[_index(d)] for d in devices if d.startswith("cuda")}
+
+
+def _index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)
+
+
 @dataclass
 class _Child:
     device: str
@@ -82,11 +101,16 @@ class Supervisor:
     def __init__(self, devices: list[str], *, extra_args: list[str]) -> None:
         self.children = [_Child(device) for device in devices]
         self.extra_args = extra_args
+        cuda = any(d.startswith("cuda") for d in devices)
+        self.owned = gpus_owned(devices, _cuda_count() if cuda else 0)
         self.stopped = threading.Event()
 
     def _start(self, child: _Child) -> None:
         args = [sys.executable, str(MANAGE_PY), "run_worker", "--device", child.device]
-        child.process = subprocess.Popen([*args, *self.extra_args])  # noqa: S603 - our own
+        env = dict(os.environ)
+        if child.device in self.owned:
+            env["BOARDWALK_WORKER_GPUS"] = str(self.owned[child.device])
+        child.process = subprocess.Popen([*args, *self.extra_args], env=env)  # noqa: S603 - our own
         child.started = time.monotonic()
         logger.info("worker started device=%s pid=%s", child.device, child.process.pid)
 

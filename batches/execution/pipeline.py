@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,16 @@ from inference.engine.loading import ModelLoadError
 from inference.engine.process import EngineProcessError
 from inference.models import ModelRevision
 from inference.runtime import engine_drop, engine_for, engine_lock
+from inference.selectors import revisions_too_wide_for_this_worker, too_wide_for_this_worker
 from inference.tokenization import media_layout_for
 
 logger = logging.getLogger(__name__)
 
 _serving: set[EngineKey] = set()
 _serving_lock = threading.Lock()
+_left: set[str] = set()  # revisions this worker left to others (logged once each)
+# How long a worker that cannot serve a key waits before sending its interactive wake-up back.
+LEFT_WAKE_PAUSE_SECONDS = 0.5
 
 
 def serving_nothing() -> bool:
@@ -67,6 +72,15 @@ def serve_wake(
     interactive = wake_interactive is not None
     if not (requests_waiting(key) if interactive else key_has_claimable_items(key)):
         return
+    if _left_to_others(key):
+        # Not re-sent for batch rows: the workers that can serve the key ask for its claimable
+        # work each beat (join_waiting_work). An interactive request has no such beat: its
+        # wake-up goes back to the broker, after a pause so that workers which cannot serve it
+        # do not pass it between them in a loop.
+        if wake_interactive is not None:
+            time.sleep(LEFT_WAKE_PAUSE_SECONDS)
+            wake_interactive()
+        return
     finalizer = Finalizer(not_ready=finalize_later, failed=finalize)
     try:
         done = serve_key(
@@ -85,6 +99,21 @@ def serve_wake(
         wake()
     if wake_interactive is not None and requests_waiting(key):
         wake_interactive()
+
+
+def _left_to_others(key: EngineKey) -> bool:
+    """Whether this worker leaves the key's work to others (a tensor-parallel revision over
+    more GPUs than it owns); said once per revision in the log. No query when the worker owns
+    every GPU it sees."""
+    if not revisions_too_wide_for_this_worker([key.revision_id]):
+        return False
+    revision = ModelRevision.objects.get(id=key.revision_id)
+    with _serving_lock:
+        first = revision.id not in _left
+        _left.add(revision.id)
+    if first:
+        logger.warning("%s", too_wide_for_this_worker(revision))
+    return True
 
 
 def serve_key(

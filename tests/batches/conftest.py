@@ -9,6 +9,7 @@ from batches.execution import serve_key
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
 from batches.queue import EngineKey
+from batches.tasks import engine_wake
 from project.worker_runtime import WorkerRuntime
 from tests.conftest import Api, jsonl, request_line
 
@@ -54,3 +55,11 @@ def in_process_worker(transactional_db: None, settings: Any) -> Iterator[WorkerR
     runtime = WorkerRuntime(threads=1, sweep_interval=1.0).start()
     yield runtime
     runtime.stop()
+
+
+@pytest.fixture
+def wakes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The engine wake-ups sent (the broker is not what is under test where this is used)."""
+    sent: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(engine_wake, "send", lambda *args: sent.append(args))
+    return sent

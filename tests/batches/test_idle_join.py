@@ -5,24 +5,12 @@ the fault suite's `test_an_idle_worker_joins_waiting_work_and_takes_over_a_kille
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from batches.execution import serve_key
 from batches.models import Batch
 from batches.queue import EngineKey
-from batches.tasks import engine_wake, join_waiting_work
+from batches.tasks import join_waiting_work
 from tests.batches.conftest import finalize, rows, submit
 from tests.conftest import Api
-
-
-@pytest.fixture
-def wakes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
-    """The wake-ups sent (the broker is not what is under test here)."""
-    sent: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(engine_wake, "send", lambda *args: sent.append(args))
-    return sent
 
 
 def test_an_idle_process_asks_for_each_key_with_claimable_work(
