@@ -107,12 +107,13 @@ def _left_to_others(key: EngineKey) -> bool:
     every GPU it sees."""
     if not revisions_too_wide_for_this_worker([key.revision_id]):
         return False
-    revision = ModelRevision.objects.get(id=key.revision_id)
     with _serving_lock:
-        first = revision.id not in _left
-        _left.add(revision.id)
-    if first:
-        logger.warning("%s", too_wide_for_this_worker(revision))
+        first = key.revision_id not in _left
+        _left.add(key.revision_id)
+    if first:  # the revision is read for its message only
+        logger.warning(
+            "%s", too_wide_for_this_worker(ModelRevision.objects.get(id=key.revision_id))
+        )
     return True
 
 
