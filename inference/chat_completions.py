@@ -20,7 +20,12 @@ from inference.rendering import (
     render_media_prompt,
     render_prompt,
 )
-from inference.structured import grammar_for, parse_tool_calls, tool_choice_mode
+from inference.structured import (
+    grammar_for,
+    parse_tool_calls,
+    response_schema,
+    tool_choice_mode,
+)
 
 FINISH_TOOL_CALLS = "tool_calls"
 
@@ -53,6 +58,10 @@ def media_prompt(
 def sampling_params(body: dict[str, Any]) -> SamplingParams:
     stop = body.get("stop")
     stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if output_constrained(body):
+        # The grammar decides where the output ends: a stop string found inside a JSON value
+        # would cut it into invalid JSON that still reads finish_reason "stop" (docs/API.md).
+        stops = ()
     return SamplingParams(
         max_new_tokens=max_output_tokens(body),
         temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
@@ -68,6 +77,16 @@ def sampling_params(body: dict[str, Any]) -> SamplingParams:
         constraint=ConstraintSpec(grammar) if (grammar := grammar_for(body)) else None,
         tool_calls=tool_calls(body),
     )
+
+
+def output_constrained(body: dict[str, Any]) -> bool:
+    """Whether a grammar decides the whole output: JSON asked by `response_format`, or a tool
+    call forced by `tool_choice` (`required` or a named function). Under `auto` without a
+    JSON format the output may be free text, which stop strings still end."""
+    if response_schema(body.get("response_format")) is not None:
+        return True
+    mode, _ = tool_choice_mode(body)
+    return bool(body.get("tools")) and mode in ("required", "function")
 
 
 def tool_calls(body: dict[str, Any]) -> ToolCalls | None:

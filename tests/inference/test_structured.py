@@ -174,6 +174,48 @@ def test_strict_mode_closes_objects_and_requires_every_property(engine):
         assert set(value) == {"a", "b"} and set(value["b"]) == {"c"}
 
 
+def test_a_stop_string_inside_the_json_does_not_cut_it(engine):
+    # Every output of this schema holds '"a":' and '{': the grammar ends it, not the stops.
+    schema = {"type": "object", "properties": {"a": {"enum": [1, 2]}}}
+    stops = ['"a"', ":", "{"]
+    bodies = [
+        body(response_format=schema_format(schema, strict=True), stop=stops, seed=s)
+        for s in range(4)
+    ] + [
+        body(
+            tools=[LOOKUP],
+            tool_choice={"type": "function", "function": {"name": "lookup"}},
+            stop=['"id"', "<tool_call>"],
+            seed=s,
+            max_completion_tokens=300,
+        )
+        for s in range(4)
+    ]
+
+    completions = run(engine, bodies)
+
+    for completion in completions[:4]:
+        choice = completion["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        assert json.loads(choice["message"]["content"]) in ({"a": 1}, {"a": 2})
+    for completion in completions[4:]:
+        choice = completion["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        (call,) = choice["message"]["tool_calls"]
+        jsonschema.validate(
+            json.loads(call["function"]["arguments"]), LOOKUP["function"]["parameters"]
+        )
+
+
+def test_stop_strings_apply_to_free_text_only(engine):
+    stops = ["}", "x"]
+    assert sampling_params(body(stop=stops)).stop == ("}", "x")
+    assert sampling_params(body(stop="}", tools=[LOOKUP])).stop == ("}",)  # auto: may be text
+    assert sampling_params(body(stop=stops, tools=[LOOKUP], tool_choice="none")).stop
+    assert not sampling_params(body(stop=stops, response_format={"type": "json_object"})).stop
+    assert not sampling_params(body(stop=stops, tools=[LOOKUP], tool_choice="required")).stop
+
+
 def test_json_object_output_parses(engine):
     bodies = [
         body(response_format={"type": "json_object"}, seed=seed, max_completion_tokens=200)
