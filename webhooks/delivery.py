@@ -79,8 +79,15 @@ def signing_keys(endpoint: WebhookEndpoint) -> list[bytes]:
     return keys
 
 
-def signed_post(endpoint: WebhookEndpoint, *, msg_id: str, body: bytes) -> PostResult:
-    """POST `body` to the endpoint once, signed, under the outbound rules (no redirects)."""
+def signed_post(
+    endpoint: WebhookEndpoint,
+    *,
+    msg_id: str,
+    body: bytes,
+    timeout: float = ATTEMPT_TIMEOUT_SECONDS,
+) -> PostResult:
+    """POST `body` to the endpoint once, signed, under the outbound rules (no redirects),
+    ending within `timeout` seconds."""
     headers = {
         "Content-Type": "application/json",
         **signing.headers(
@@ -100,7 +107,7 @@ def signed_post(endpoint: WebhookEndpoint, *, msg_id: str, body: bytes) -> PostR
             body=body,
             headers=headers,
             max_bytes=MAX_ANSWER_BYTES,
-            timeout=ATTEMPT_TIMEOUT_SECONDS,
+            timeout=timeout,
         )
         status = answer.status
     except outbound.OutboundError as exc:

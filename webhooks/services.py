@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import time
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
@@ -14,8 +16,9 @@ from typing import Any
 from django.db import transaction
 
 from boardwalk import clock, outbound
+from boardwalk.channels import channels
 from boardwalk.codes import ErrorCode
-from boardwalk.errors import Conflict, InvalidRequest
+from boardwalk.errors import CapacityExceeded, Conflict, InvalidRequest
 from boardwalk.ids import new_id
 from boardwalk.models import Organization
 from files.crypto import Keyring
@@ -32,6 +35,13 @@ KEEP_OLD_SECRET = dt.timedelta(hours=24)
 UPDATABLE_FIELDS = ("name", "url", "event_types")
 # What a test delivery's `data.id` holds: a sample that names no batch.
 TEST_BATCH_ID = "batch_test"
+# A test delivery holds a web thread while it waits for the receiver: it ends within this
+# many seconds (connect, send and answer), and an organization runs this many at once.
+TEST_TIMEOUT_SECONDS = 5.0
+MAX_CONCURRENT_TESTS_PER_ORG = 2
+# Test slots are counted per epoch of this many seconds (longer than a test lasts): one
+# that a dying process never gave back stops counting two epochs later, however busy the org.
+_TEST_SLOT_EPOCH_SECONDS = 60
 # WHATWG's forbidden host code points (besides whitespace and controls, refused everywhere):
 # a host holding one is not the host a client would connect to.
 _FORBIDDEN_IN_HOST = frozenset("#%/:<>?@[\\]^|")
@@ -224,7 +234,11 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: Any) -> tupl
     body = event_json(
         event_id=event_id, event_type=checked, created_at=clock.now(), batch_id=TEST_BATCH_ID
     )
-    result = signed_post(endpoint, msg_id=event_id, body=body)
+    epoch = _test_slot_take(endpoint.org_id)
+    try:
+        result = signed_post(endpoint, msg_id=event_id, body=body, timeout=TEST_TIMEOUT_SECONDS)
+    finally:
+        _test_slots_add(endpoint.org_id, epoch, -1)
     logger.info(
         "webhook test endpoint=%s event=%s status=%s error=%s",
         endpoint.id,
@@ -238,6 +252,30 @@ def webhook_endpoint_test(*, endpoint: WebhookEndpoint, event_type: Any) -> tupl
             code=ErrorCode.WEBHOOK_ENDPOINT_UNREACHABLE,
         )
     return checked, result.status
+
+
+def _test_slots_add(org_id: str, epoch: int, delta: int) -> int:
+    """Add `delta` to the epoch's test slots; the tests in flight, this epoch's and the last's
+    (boardwalk.channels: Redis in production, so every web process counts against one limit)."""
+    ch = channels()
+    ttl = 2 * _TEST_SLOT_EPOCH_SECONDS
+    taken = ch.add(f"webhooks:tests:{org_id}:{epoch}", delta, ttl=ttl)
+    return taken + ch.add(f"webhooks:tests:{org_id}:{epoch - 1}", 0, ttl=ttl)
+
+
+def _test_slot_take(org_id: str) -> int:
+    """Take one of the organization's test slots (its epoch, to give it back), or raise 429:
+    one organization's tests against a silent receiver cannot occupy the web threads."""
+    epoch = int(time.time() // _TEST_SLOT_EPOCH_SECONDS)
+    if _test_slots_add(org_id, epoch, 1) > MAX_CONCURRENT_TESTS_PER_ORG:
+        _test_slots_add(org_id, epoch, -1)
+        raise CapacityExceeded(
+            f"Too many webhook tests in flight: your organization may run "
+            f"{MAX_CONCURRENT_TESTS_PER_ORG} at once. Retry when one has finished.",
+            code=ErrorCode.RATE_LIMIT_EXCEEDED,
+            retry_after=math.ceil(TEST_TIMEOUT_SECONDS),
+        )
+    return epoch
 
 
 def webhook_endpoint_delete(*, endpoint: WebhookEndpoint) -> None:

@@ -18,11 +18,13 @@ class Received:
 
 @dataclass
 class Receiver:
-    """`status` is what the next answers are; `redirect_to` answers 307 with that Location."""
+    """`status` is what the next answers are; `redirect_to` answers 307 with that Location;
+    while `hold` is set and not yet released, requests are recorded and wait to be answered."""
 
     port: int = 0
     status: int = 200
     redirect_to: str | None = None
+    hold: threading.Event | None = None
     received: list[Received] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -44,6 +46,8 @@ class Receiver:
                 receiver.received.append(
                     Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 )
+                if receiver.hold is not None:
+                    receiver.hold.wait(timeout=60)
                 if receiver.redirect_to:
                     self.send_response(307)
                     self.send_header("Location", receiver.redirect_to)

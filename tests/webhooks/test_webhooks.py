@@ -7,6 +7,8 @@ test names it in BOARDWALK_OUTBOUND_ALLOW. Time moves with boardwalk.clock, neve
 from __future__ import annotations
 
 import datetime as dt
+import socket
+import threading
 import time
 from contextlib import ExitStack
 
@@ -23,6 +25,7 @@ from project.worker_runtime import WorkerRuntime
 from tests.conftest import Api, Tenant
 from tests.webhooks.conftest import ALL_TYPES, cancelled_batch, deliver_due, register
 from tests.webhooks.receiver import Receiver, free_port
+from webhooks import services
 from webhooks.delivery import BACKOFF_SECONDS, deliveries_due, delivery_attempt
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 
@@ -400,3 +403,80 @@ def test_migration_keeps_existing_endpoints(tenant: Tenant):
     assert row.secret_hint == "" and row.previous_wrapped_secret is None
     shown = tenant.api.get("/v1/webhook_endpoints/we_legacy").json()
     assert (shown["event_types"], shown["signing_secret_hint"]) == (["batch.failed"], None)
+
+
+def _silent_receiver() -> socket.socket:
+    """A port that takes connections and the request, and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)  # never accepted: the kernel completes connects and buffers the body
+    return listener
+
+
+def test_a_test_delivery_to_a_silent_receiver_ends_within_its_bound_as_unreachable(
+    api: Api, settings, monkeypatch
+):
+    silent = _silent_receiver()
+    try:
+        port = silent.getsockname()[1]
+        settings.OUTBOUND_ALLOW = [f"127.0.0.1:{port}"]
+        created = register(api, f"http://127.0.0.1:{port}/hook")
+        # The bound itself, shortened so the test does not wait the real one out.
+        monkeypatch.setattr(services, "TEST_TIMEOUT_SECONDS", 0.3)
+        response = api.post(
+            f"/v1/webhook_endpoints/{created['id']}/test", {"event_type": "batch.completed"}
+        )
+    finally:
+        silent.close()
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "webhook_endpoint_unreachable"
+    assert "timeout" in response.json()["error"]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_org_runs_a_bounded_number_of_tests_at_once_and_others_are_not_held(
+    api: Api, other_tenant, receiver, settings
+):
+    other = Receiver().start()
+    settings.OUTBOUND_ALLOW = [receiver.target, other.target]
+    mine = register(api, receiver.url)
+    theirs = register(other_tenant.api, other.url)
+    endpoint = WebhookEndpoint.objects.get(id=mine["id"])
+    receiver.hold = threading.Event()
+    held = [
+        threading.Thread(
+            target=services.webhook_endpoint_test,
+            kwargs={"endpoint": endpoint, "event_type": "batch.completed"},
+        )
+        for _ in range(services.MAX_CONCURRENT_TESTS_PER_ORG)
+    ]
+    try:
+        for thread in held:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while len(receiver.received) < len(held) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(receiver.received) == len(held)
+
+        refused = api.post(
+            f"/v1/webhook_endpoints/{mine['id']}/test", {"event_type": "batch.failed"}
+        )
+        assert refused.status_code == 429, refused.content
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert refused["Retry-After"] == "5" and refused["x-should-retry"] == "true"
+        assert len(receiver.received) == len(held)  # nothing was sent for it
+        # Another organization's test is not counted against this one's.
+        answered = other_tenant.api.post(
+            f"/v1/webhook_endpoints/{theirs['id']}/test", {"event_type": "batch.failed"}
+        )
+        assert answered.status_code == 200, answered.content
+        assert len(other.received) == 1
+    finally:
+        receiver.hold.set()
+        for thread in held:
+            thread.join(timeout=30)
+        other.stop()
+    # The slots were given back: the organization tests again.
+    again = api.post(f"/v1/webhook_endpoints/{mine['id']}/test", {"event_type": "batch.failed"})
+    assert again.status_code == 200, again.content
+    assert again.json()["status_code"] == 200
