@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import requests
 from boardwalk_cli.client import CHUNK, NETWORK_ERRORS, Client, CliError, refusal
 
 
-def download(client: Client, file_id: str, dest: Path) -> dict[str, Any]:
-    """Download to `dest`, resuming `dest.part` if an earlier run left one.
+def download(client: Client, file_id: str, dest: Path, *, progress: bool = False) -> dict[str, Any]:
+    """Download to `dest`, resuming `dest.part` if an earlier run left one; with `progress`,
+    a progress bar on stderr (redrawn in place on a terminal, a line per tenth elsewhere).
 
     Every block is written to `dest.part` as it arrives, so a connection cut mid-body keeps
     every byte received (exit 3) and the next run asks for the rest (`Range`).
@@ -36,10 +38,14 @@ def download(client: Client, file_id: str, dest: Path) -> dict[str, Any]:
         else:
             resumed_from = have if response.status_code == 206 else 0
             etag_path.write_text(response.headers.get("etag", ""))
-            with part.open("ab" if resumed_from else "wb") as out:
-                _receive(response, out, part)
             length = response.headers.get("content-length")
-            if length is not None and part.stat().st_size != resumed_from + int(length):
+            total = resumed_from + int(length) if length is not None else None
+            bar = Progress(file_id, resumed_from, total) if progress else None
+            with part.open("ab" if resumed_from else "wb") as out:
+                _receive(response, out, part, bar)
+            if bar is not None:
+                bar.end()
+            if total is not None and part.stat().st_size != total:
                 raise _cut(part, "the connection ended early")
     os.replace(part, dest)
     etag_path.unlink(missing_ok=True)
@@ -51,16 +57,65 @@ def download(client: Client, file_id: str, dest: Path) -> dict[str, Any]:
     }
 
 
-def _receive(response: requests.Response, out: Any, part: Path) -> None:
+def _receive(response: requests.Response, out: Any, part: Path, bar: Progress | None) -> None:
     """Append the body to `out` as it arrives: `read1` hands over what the socket has, so a
     cut loses nothing already received (a buffered read would drop its unfilled buffer)."""
     try:
         while block := response.raw.read1(CHUNK):
             out.write(block)
             out.flush()
+            if bar is not None:
+                bar.advance(len(block))
     except NETWORK_ERRORS as exc:
         out.flush()
+        if bar is not None:
+            bar.end()
         raise _cut(part, str(exc)) from exc
+
+
+class Progress:
+    """The download's bar on stderr, in the shape of `submit --wait`'s: redrawn in place on
+    a terminal, else one line per tenth of the file (a log, not a flood). Drawn only when
+    the shown step changes: `read1` hands over blocks of a few KiB at a time."""
+
+    WIDTH = 30
+
+    def __init__(self, file_id: str, have: int, total: int | None) -> None:
+        self.file_id = file_id
+        self.have = have
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.step: int | None = None
+        self.drawn = -1  # the byte count last drawn
+        self._draw()
+
+    def advance(self, n: int) -> None:
+        self.have += n
+        self._draw()
+
+    def end(self) -> None:
+        """The last figure (where a cut stopped), then the line ends."""
+        if self.drawn != self.have:
+            self._draw(always=True)
+        if self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+    def _draw(self, *, always: bool = False) -> None:
+        if self.total:
+            done = min(self.have, self.total)
+            step = done * (100 if self.tty else 10) // self.total
+            filled = self.WIDTH * done // self.total
+            shown = f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total} bytes"
+        else:  # no length announced: the bytes so far, a step per MiB
+            step = self.have >> 20
+            shown = f"{self.have} bytes"
+        if step == self.step and not always:
+            return
+        self.step, self.drawn = step, self.have
+        line = f"{self.file_id} {shown}"
+        sys.stderr.write(("\r" + line) if self.tty else (line + "\n"))
+        sys.stderr.flush()
 
 
 def _cut(part: Path, why: str) -> CliError:

@@ -15,7 +15,12 @@ line errors are listed on stderr; with --json the API's error object is printed 
 a waited batch ended otherwise, or `reconcile` found rows missing, 2 usage or configuration
 error, 3 network error (the server could not be reached or the connection was cut: a
 download keeps every byte received in `<output>.part` and the same command resumes it),
-130 interrupted (Ctrl-C): run the same command again to continue.
+130 interrupted (Ctrl-C): run the same command again to continue. A reader that stops early
+(`boardwalk batches | head`) is no error: the status stays the work's (0 for a listing);
+stderr closed while work goes on (its progress bar into `2>&1 | head`) stops it with 141.
+
+`--json` may come before or after the command. `download` draws a progress bar on stderr
+when stderr is a terminal (and not with --json), or whenever `--progress` is given.
 
 `submit` keeps its progress in `<file>.boardwalk.json` beside the input (the uploaded file
 id, the Idempotency-Key derived from the file's SHA-256, the batch id), written after each
@@ -26,6 +31,7 @@ second batch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -41,17 +47,36 @@ from boardwalk_cli.submit import create_body, ensure_uploaded, load_state, sha25
 from boardwalk_cli.watch import wait
 
 
-def _fetch_results(client: Client, batch: dict[str, Any], stem: Path) -> dict[str, Any]:
+def _fetch_results(
+    client: Client, batch: dict[str, Any], stem: Path, *, progress: bool
+) -> dict[str, Any]:
     files = {}
     for kind, key in (("results", "output_file_id"), ("errors", "error_file_id")):
         if batch.get(key):
             dest = stem.with_name(f"{stem.name}.{kind}.jsonl")
-            files[kind] = download(client, batch[key], dest)["path"]
+            files[kind] = download(client, batch[key], dest, progress=progress)["path"]
     return files
 
 
+def _shows_progress(args: argparse.Namespace) -> bool:
+    """A progress bar on stderr: asked for, or drawn where someone watches (a terminal), as
+    `submit --wait` draws its own; never mixed into --json output unless asked for."""
+    return getattr(args, "progress", False) or (sys.stderr.isatty() and not args.json)
+
+
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+    _out(json.dumps(data, indent=2) if args.json else text)
+
+
+def _out(text: str) -> None:
+    """`text` on stdout. A reader that went away (`boardwalk batches | head`) has what it
+    wanted: no error and no traceback, and the status stays the work's (0 for a listing, as
+    `head` expects; not 141, which `set -o pipefail` would count as a failure)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _to_devnull(sys.stdout)
 
 
 def _submit_and_maybe_wait(client: Client, args: argparse.Namespace, path: Path) -> int:
@@ -60,7 +85,8 @@ def _submit_and_maybe_wait(client: Client, args: argparse.Namespace, path: Path)
     if args.wait:
         batch = wait(client, batch, interval=args.poll_interval, quiet=args.json)
         stem = path.with_suffix("") if path.suffix == ".jsonl" else path
-        result = {"batch": batch, "files": _fetch_results(client, batch, stem)}
+        files = _fetch_results(client, batch, stem, progress=_shows_progress(args))
+        result = {"batch": batch, "files": files}
     lines = [f"{batch['id']} {batch['status']}"]
     lines += [f"{kind}: {p}" for kind, p in result.get("files", {}).items()]
     _emit(args, result, "\n".join(lines))
@@ -86,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return _submit_and_maybe_wait(client, args, Path(args.file))
     if args.command == "download":
         dest = Path(args.output or f"{args.file_id}.jsonl")
-        info = download(client, args.file_id, dest)
+        info = download(client, args.file_id, dest, progress=_shows_progress(args))
         _emit(args, info, f"{info['path']} ({info['bytes']} bytes)")
         return 0
     if args.command == "retry":
@@ -156,7 +182,7 @@ def _report(exc: CliError, *, as_json: bool) -> None:
                 file=sys.stderr,
             )
     if as_json and exc.error is not None:
-        print(json.dumps({"error": exc.error}, indent=2))
+        _out(json.dumps({"error": exc.error}, indent=2))
 
 
 def _timeout() -> float:
@@ -171,8 +197,10 @@ def _timeout() -> float:
 
 
 def parser() -> argparse.ArgumentParser:
+    json_help = "print JSON instead of text"
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    # SUPPRESS: a command's own default would overwrite a `--json` given before the command.
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=json_help)
     intro, *rest = __doc__.split("\n\n")
     top = argparse.ArgumentParser(
         prog="boardwalk",
@@ -180,6 +208,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="\n\n".join(rest),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    top.add_argument("--json", action="store_true", help=json_help)
     sub = top.add_subparsers(dest="command", required=True)
 
     def waiting(p: argparse.ArgumentParser) -> None:
@@ -193,6 +222,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("download", parents=[common], help="download a file (resumable)")
     p.add_argument("file_id")
     p.add_argument("-o", "--output")
+    p.add_argument(
+        "--progress", action="store_true", help="progress bar on stderr even when not a terminal"
+    )
     p = sub.add_parser("reconcile", parents=[common], help="custom_ids with no result row")
     p.add_argument("requests")
     p.add_argument(
@@ -217,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return run(args)
+    except BrokenPipeError:
+        # stderr closed while the work went on (`2>&1 | head` during a progress bar): the
+        # work stopped there, as a process that SIGPIPE ends would (128 + 13), quietly.
+        _to_devnull(sys.stdout, sys.stderr)
+        return 141
     except CliError as exc:
         _report(exc, as_json=getattr(args, "json", False))
         return exc.exit_code
@@ -226,6 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("boardwalk: interrupted; run the same command again to continue", file=sys.stderr)
         return 130
+
+
+def _to_devnull(*streams: Any) -> None:
+    """Point closed output streams at /dev/null: Python flushes them once more at exit, and
+    that flush would otherwise print a BrokenPipeError of its own."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in streams:
+        with contextlib.suppress(OSError, ValueError):  # a stream with no descriptor
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

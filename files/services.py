@@ -67,8 +67,8 @@ def file_create_from_upload(*, org: Organization, purpose: str, upload: Received
         more = report.error_count - shown
         message = f"The input file has {report.error_count} error(s)"
         message += f"; the first {shown} are listed in details." if more else "; see details."
-        first = report.errors[0]
-        message += f" First: line {first.line}: {first.message}"
+        # Each line error's message starts "Line N: " already.
+        message += f" First: {report.errors[0].message}"
         raise InvalidRequest(
             message,
             code=ErrorCode.INVALID_INPUT_FILE,

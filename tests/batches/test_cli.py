@@ -394,6 +394,8 @@ def test_estimate_and_clear_errors(live_server, tenant: Tenant, catalog_model, t
     bad.write_bytes(b'{"custom_id": "x"}\n')
     refused = cli(live_server, tenant.write_key, "submit", str(bad), cwd=tmp_path)
     assert refused.returncode == 1 and "invalid_input_file" in refused.stderr
+    # The first line error is quoted once: "First: Line 1: …", never "line 1: Line 1: …".
+    assert "First: Line 1: " in refused.stderr and "line 1: Line 1" not in refused.stderr
     assert Batch.objects.count() == 0
 
 
@@ -570,3 +572,136 @@ def test_the_progress_line_names_the_batch_and_ctrl_c_exits_130(
     assert "Traceback" not in rest
     helped = cli(live_server, None, "--help", cwd=tmp_path)
     assert helped.returncode == 0 and "130 interrupted (Ctrl-C)" in " ".join(helped.stdout.split())
+
+
+def test_json_is_taken_before_or_after_the_command(
+    live_server, tenant: Tenant, catalog_model, tmp_path: Path
+):
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(jsonl(request_line("a"), request_line("b")))
+    before = ok(cli(live_server, tenant.write_key, "--json", "estimate", str(path), cwd=tmp_path))
+    after = ok(cli(live_server, tenant.write_key, "estimate", str(path), "--json", cwd=tmp_path))
+    assert before == after and before["request_count"] == 2
+    text = cli(live_server, tenant.write_key, "estimate", str(path), cwd=tmp_path)
+    assert text.returncode == 0 and text.stdout.startswith("2 requests, ")
+    listed = ok(cli(live_server, tenant.write_key, "--json", "batches", cwd=tmp_path))
+    assert listed["object"] == "list"
+    # A refusal with --json first still prints the API's error object.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"{not json\n")
+    refused = cli(live_server, tenant.write_key, "--json", "submit", str(bad), cwd=tmp_path)
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["error"]["code"] == "invalid_input_file"
+
+
+def _into_a_closed_pipe(server: Any, key: str | None, *args: str, cwd: Path) -> tuple[int, str]:
+    """Run the CLI with stdout a pipe nobody reads any more (`| head` that has exited)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "boardwalk_cli", *args],
+            cwd=cwd,
+            env=cli_env(server, key),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    return result.returncode, result.stderr
+
+
+def test_a_reader_that_stops_early_is_no_error_and_no_traceback(
+    live_server, tenant: Tenant, catalog_model, tmp_path: Path
+):
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(jsonl(request_line("a")))
+    ok(cli(live_server, tenant.write_key, "submit", str(path), "--json", cwd=tmp_path))
+    for args in (("batches",), ("batches", "--json")):
+        status, stderr = _into_a_closed_pipe(live_server, tenant.write_key, *args, cwd=tmp_path)
+        assert (status, stderr) == (0, ""), stderr
+    # The status stays the work's: reconcile finding a row missing is still 1.
+    status, stderr = _into_a_closed_pipe(
+        live_server, None, "reconcile", str(path), str(path), cwd=tmp_path
+    )
+    assert status == 2 and "Traceback" not in stderr  # a requests file is no results file
+    (tmp_path / "none.results.jsonl").write_bytes(b"")
+    status, stderr = _into_a_closed_pipe(
+        live_server,
+        None,
+        "reconcile",
+        str(path),
+        str(tmp_path / "none.results.jsonl"),
+        cwd=tmp_path,
+    )
+    assert (status, stderr) == (1, "")
+
+
+def _bar_lines(stderr: str, file_id: str) -> list[tuple[int, int]]:
+    """(bytes, total) of each progress bar drawn, in order."""
+    drawn = []
+    for piece in stderr.replace("\r", "\n").splitlines():
+        if piece.startswith(f"{file_id} ["):
+            done, total = piece.rsplit(" ", 2)[1].split("/")
+            drawn.append((int(done), int(total)))
+    return drawn
+
+
+def test_download_progress_on_a_terminal_or_when_asked_and_never_otherwise(
+    live_server, tenant: Tenant, catalog_model, tmp_path: Path
+):
+    body = jsonl(*(request_line(f"t{i}", content="x" * 500) for i in range(60)))
+    file_id = tenant.api.upload(body).json()["id"]
+    size = len(body)
+
+    def fetch(*extra: str, tty: bool = False) -> tuple[int, str, str]:
+        dest = tmp_path / f"copy-{len(list(tmp_path.iterdir()))}.jsonl"
+        args = [sys.executable, "-m", "boardwalk_cli", "download", file_id, "-o", str(dest)]
+        primary, secondary = os.openpty() if tty else (None, None)
+        try:
+            result = subprocess.run(
+                [*args, *extra],
+                cwd=tmp_path,
+                env=cli_env(live_server, tenant.write_key),
+                stdout=subprocess.PIPE,
+                stderr=secondary if tty else subprocess.PIPE,
+                timeout=300,
+                check=False,
+            )
+            if tty:
+                os.close(secondary)
+                stderr = b""
+                while True:
+                    try:
+                        more = os.read(primary, 65536)
+                    except OSError:  # the terminal's far side is closed: all read
+                        break
+                    if not more:
+                        break
+                    stderr += more
+            else:
+                stderr = result.stderr
+        finally:
+            if tty:
+                os.close(primary)
+        assert dest.read_bytes() == body
+        return result.returncode, result.stdout.decode(), stderr.decode()
+
+    # Piped stderr (a script, a log): nothing, unless --progress asks for it.
+    status, stdout, stderr = fetch()
+    assert (status, stderr) == (0, "") and f"({size} bytes)" in stdout
+    status, stdout, stderr = fetch("--json", "--progress")
+    assert status == 0 and json.loads(stdout)["bytes"] == size
+    drawn = _bar_lines(stderr, file_id)
+    assert drawn[0] == (0, size) and drawn[-1] == (size, size)
+    assert [d for d, _ in drawn] == sorted(d for d, _ in drawn)
+    assert len(drawn) <= 11 and stderr.count("\r") == 0  # a line per tenth at most
+    # A terminal gets the bar redrawn in place, then a newline; --json keeps it quiet.
+    status, _, stderr = fetch(tty=True)
+    assert status == 0 and "\r" in stderr and stderr.endswith("\n")
+    assert _bar_lines(stderr, file_id)[-1] == (size, size)
+    status, stdout, stderr = fetch("--json", tty=True)
+    assert status == 0 and stderr == "" and json.loads(stdout)["bytes"] == size
