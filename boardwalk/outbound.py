@@ -19,6 +19,7 @@ No proxy from the environment is used, and no `X-Forwarded-For` is added.
 from __future__ import annotations
 
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from urllib.parse import urljoin, urlsplit
 
@@ -32,6 +33,9 @@ DEFAULT_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_REDIRECTS = 3
 _READ_PIECE = 64 * 1024
 _USER_AGENT = "Boardwalk/1 (+outbound)"
+# WHATWG's forbidden host code points (whitespace and controls are refused in the whole URL):
+# a host holding one is not the host a client would connect to.
+_FORBIDDEN_IN_HOST = frozenset("#%/:<>?@[\\]^|")
 
 
 class OutboundError(Exception):
@@ -73,6 +77,16 @@ def allowed_targets() -> frozenset[tuple[str, int]]:
 
 
 def parse_target(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL Boardwalk may be asked to send to; OutboundRefused
+    (`bad_url`) for one it must not: the upload of an image URL and the creation of a
+    webhook refuse with this rule, and each request is checked by it again."""
+    # urlsplit drops tabs and newlines and keeps spaces and NULs, so "https://exam\tple.com/"
+    # would be checked as one host and sent to another: such a URL is refused whole.
+    if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in url):
+        raise OutboundRefused(
+            "the URL holds whitespace or control characters (percent-encode them)",
+            reason="bad_url",
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -82,6 +96,9 @@ def parse_target(url: str) -> tuple[str, str, int]:
     host = (parts.hostname or "").lower()
     if scheme not in ("http", "https") or not host:
         raise OutboundRefused("only http(s) URLs with a host are allowed", reason="bad_url")
+    # (An IPv6 literal is the one host with colons; urlsplit took off its brackets.)
+    if ":" not in host and _FORBIDDEN_IN_HOST.intersection(host):
+        raise OutboundRefused("the host holds characters a host cannot hold", reason="bad_url")
     if parts.username or parts.password:
         raise OutboundRefused("URLs with credentials are not allowed", reason="bad_url")
     return scheme, host, port or (443 if scheme == "https" else 80)

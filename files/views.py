@@ -49,6 +49,12 @@ class FileCollectionView(APIView):
     # upload_receive streams the body and refuses an oversized one itself (413).
     reads_own_body = True
 
+    @property
+    def allowed_methods(self) -> list[str]:
+        # What OPTIONS and every answer's Allow header list: the methods that answer. GET
+        # (and HEAD with it) exists only to say there is no listing.
+        return ["POST", "OPTIONS"]
+
     @oa.not_served()
     def get(self, request: Any) -> Response:
         raise MethodNotAllowed(

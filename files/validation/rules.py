@@ -10,12 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 
 from boardwalk.codes import LineCode
-from boardwalk.outbound import allowed_targets
+from boardwalk.outbound import OutboundRefused, allowed_targets, parse_target
 from inference.capabilities import (
     HONOURED_FIELDS,
     MAX_N,
@@ -467,7 +466,8 @@ def _check_image(image: Any, path: str, problems: Problems) -> None:
         problems.add(
             f"{path}.url",
             LineCode.INVALID_IMAGE_URL,
-            f"{path}.url must be a data:image/<type>;base64,<data> URL or an https:// URL",
+            f"{path}.url must be a data:image/<type>;base64,<data> URL or an https:// URL "
+            "with a host and no whitespace, control characters or credentials",
         )
     elif url[:5].lower() == "data:":
         _check_media_size(url, f"{path}.url", problems)
@@ -490,16 +490,14 @@ def _is_image_url(url: str) -> bool:
         prefix = _DATA_IMAGE_PREFIX.match(url)
         return prefix is not None and _is_base64(url, prefix.end())
     if head == "https://" or head.startswith("http://"):
-        # The worker fetches it and enforces the address rules (SPEC §9); here, only the
-        # shape, and http only to a target BOARDWALK_OUTBOUND_ALLOW names (SPEC §10b).
+        # The worker fetches it and enforces the address rules (SPEC §9); here, the URL rules
+        # the fetch applies too (one host, no whitespace or controls, no credentials), and
+        # http only to a target BOARDWALK_OUTBOUND_ALLOW names (SPEC §10b).
         try:
-            parts = urlsplit(url)
-            port = parts.port or (443 if head == "https://" else 80)
-        except ValueError:
+            scheme, host, port = parse_target(url)
+        except OutboundRefused:
             return False
-        if not parts.hostname:
-            return False
-        return head == "https://" or (parts.hostname.lower(), port) in allowed_targets()
+        return scheme == "https" or (host, port) in allowed_targets()
     return False
 
 

@@ -78,3 +78,28 @@ def test_an_allowed_local_https_target_is_trusted_through_configuration(
             outbound.request("GET", url, timeout=3)  # self-signed, not trusted yet
         settings.OUTBOUND_CA_BUNDLE = str(server.ca_file)
         assert outbound.request("GET", url, timeout=3).body == b"hello"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://exa mple.com/",
+        "https://exa\tmple.com/",
+        "https://exa\nmple.com/",
+        "https://exa\x00mple.com/",
+        "https://exa%00mple.com/",
+        "https://example.com/a b",
+        "https://user:pw@example.com/",
+        "ftp://example.com/",
+    ],
+)
+def test_a_url_that_is_not_one_plain_host_is_refused_before_any_lookup(
+    url: str, monkeypatch: pytest.MonkeyPatch
+):
+    looked_up: list[Any] = []
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: looked_up.append(a) or real(*a, **k))
+    with pytest.raises(outbound.OutboundRefused) as refused:
+        outbound.request("GET", url, timeout=3)
+    assert refused.value.reason == "bad_url"
+    assert looked_up == []  # nothing was looked up, let alone sent

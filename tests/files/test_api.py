@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -143,6 +144,18 @@ def test_file_list_is_405(api: Api):
     response = api.get("/v1/files")
     assert response.status_code == 405
     assert "no file-list endpoint" in response.json()["error"]["message"]
+    assert response["Allow"] == "POST, OPTIONS"
+    assert api.client.head("/v1/files", HTTP_AUTHORIZATION=f"Bearer {api.key}").status_code == 405
+
+
+def test_options_lists_only_the_methods_that_answer(api: Api):
+    """OPTIONS /v1/files offers POST (and OPTIONS), not the GET that answers 405."""
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {api.key}"}
+    response = api.client.options("/v1/files", **auth)
+    assert response.status_code == 200
+    assert response["Allow"] == "POST, OPTIONS"
+    # The other file URLs list what they serve, GET among them.
+    assert api.client.options("/v1/files/file-x", **auth)["Allow"] == "GET, DELETE, HEAD, OPTIONS"
 
 
 def test_another_orgs_file_is_404_everywhere(api: Api, other_tenant: Tenant, catalog_model):
@@ -160,6 +173,15 @@ def test_another_orgs_file_is_404_everywhere(api: Api, other_tenant: Tenant, cat
 
 def test_unknown_file_is_404(api: Api):
     assert api.get("/v1/files/file-doesnotexist").status_code == 404
+
+
+def test_the_refusal_quotes_the_first_line_error_once(api: Api, catalog_model):
+    response = api.upload(jsonl(request_line("a"), request_line("b", max_tokens=0)))
+    error = response.json()["error"]
+    first = error["details"][0]["message"]
+    assert first.startswith("Line 2: ")
+    assert error["message"] == f"The input file has 1 error(s); see details. First: {first}"
+    assert File.objects.count() == 0
 
 
 def test_bad_file_reports_every_line_and_stores_nothing(api: Api, catalog_model, tmp_path: Path):
@@ -225,6 +247,29 @@ def test_image_part_refused_where_model_publishes_no_images(api: Api, catalog_mo
     ]
     detail = api.upload(jsonl(line)).json()["error"]["details"][0]
     assert detail["code"] == "unsupported_modality"
+
+
+@pytest.mark.parametrize(
+    "host", ["exa mple.com", "exa\tmple.com", "exa\nmple.com", "exa\x00mple.com"]
+)
+def test_an_image_url_whose_host_holds_whitespace_or_nul_is_refused_at_upload(
+    api: Api, vision_model, host: str
+):
+    def upload(url: str) -> Any:
+        line = request_line(model=vision_model.name)
+        line["body"]["messages"][0]["content"] = [
+            {"type": "text", "text": "what is it?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]
+        return api.upload(jsonl(line))
+
+    response = upload(f"https://{host}/cat.png")
+    assert response.status_code == 400
+    detail = response.json()["error"]["details"][0]
+    assert (detail["line"], detail["code"]) == (1, "invalid_image_url")
+    assert detail["field"] == "body.messages[0].content[1].image_url.url"
+    assert File.objects.count() == 0
+    assert upload("https://example.com/cat.png").status_code == 200  # the same, well formed
 
 
 def test_missing_purpose_or_file_or_extra_fields_are_400(api: Api, catalog_model):

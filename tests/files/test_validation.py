@@ -644,6 +644,17 @@ def test_media_the_model_does_not_take_is_rejected(part, target):
         "ftp://example.com/cat.png",
         "https://",
         "https://[::1/x",
+        # Whitespace, controls and forbidden code points in the host: not the host a fetch
+        # would connect to (urlsplit drops tabs and newlines, keeps spaces and NULs).
+        "https://exa mple.com/cat.png",
+        "https://exa\tmple.com/cat.png",
+        "https://exa\nmple.com/cat.png",
+        "https://exa\x00mple.com/cat.png",
+        "https://exa%20mple.com/cat.png",
+        "https://exa<mple.com/cat.png",
+        "https://example.com/c at.png",
+        " https://example.com/cat.png",
+        "https://user:secret@example.com/cat.png",
         "file:///etc/passwd",
         "data:text/plain;base64,AAAA",
         "data:image/png,raw",
