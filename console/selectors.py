@@ -61,6 +61,8 @@ class UsageRow:
     items_failed: int = 0  # every failed item, those of stopped batches too (from the items)
     spend_microusd: int = 0
     org_id: str = ""
+    # The (revision, deployment) pairs a per-model row adds up (the CSV names them).
+    revisions: list[tuple[str, str]] = field(default_factory=list, init=False)
 
     @property
     def gpu_seconds(self) -> float:
@@ -72,7 +74,7 @@ class Queue:
     pending_items: int
     running_items: int
     oldest_waiting_since: dt.datetime | None
-    by_revision: list[tuple[str, int]]
+    by_model: list[tuple[str, int]]  # pending items per model name, most first
 
 
 @dataclass
@@ -123,29 +125,60 @@ def _add(into: UsageRow, row: UsageRow) -> None:
         setattr(into, name, getattr(into, name) + getattr(row, name))
 
 
-def _model_labels(keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Names staff know a (revision, deployment) by: the deployment's name, else the catalog
-    names serving the revision now, else the revision's label (3 queries at most)."""
-    revisions = {r for r, _ in keys}
-    deployments = dict(
-        Deployment.objects.filter(id__in={d for _, d in keys if d}).values_list("id", "name")
-    )
-    names: dict[str, list[str]] = defaultdict(list)
+def _catalog_names(revisions: set[str]) -> dict[str, set[str]]:
+    """The catalog names of each revision: those serving it now; else, for a revision the
+    catalog has since moved on from, those its batches were submitted under (2 queries)."""
+    names: dict[str, set[str]] = defaultdict(set)
     for name, revision_id in CatalogModel.objects.filter(revision_id__in=revisions).values_list(
         "name", "revision_id"
     ):
-        names[revision_id].append(name)
-    labels = dict(ModelRevision.objects.filter(id__in=revisions).values_list("id", "label"))
+        names[revision_id].add(name)
+    if unnamed := revisions - set(names):
+        for revision_id, name in (
+            Batch.objects.filter(revision_id__in=unnamed, deployment__isnull=True)
+            .order_by()
+            .values_list("revision_id", "model_name")
+            .distinct()
+        ):
+            names[revision_id].add(name)
+    return names
+
+
+def _revision_labels(revisions: set[str]) -> dict[str, str]:
+    return dict(ModelRevision.objects.filter(id__in=revisions).values_list("id", "label"))
+
+
+def _model_labels(keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The model name staff know a (revision, deployment) by, so that batch rows and
+    interactive requests of one model add up in one row: the deployment's name, else the
+    revision's catalog names (_catalog_names), else, only where nothing names it, the
+    revision's label (4 queries at most)."""
+    deployments = dict(
+        Deployment.objects.filter(id__in={d for _, d in keys if d}).values_list("id", "name")
+    )
+    names = _catalog_names({r for r, d in keys if not d})
+    labels = _revision_labels({r for r, d in keys if not d and r not in names})
     out = {}
     for revision_id, deployment_id in keys:
         if deployment_id:
-            out[(revision_id, deployment_id)] = (
-                f"{deployments.get(deployment_id, deployment_id)} (deployment)"
-            )
+            name = deployments.get(deployment_id, deployment_id)
+            out[(revision_id, deployment_id)] = f"{name} (deployment)"
         else:
-            catalog = ", ".join(sorted(names.get(revision_id, [])))
+            catalog = ", ".join(sorted(names.get(revision_id, ())))
             out[(revision_id, deployment_id)] = catalog or labels.get(revision_id, revision_id)
     return out
+
+
+def _served_names(revisions: set[str]) -> dict[str, str]:
+    """What an engine of each revision serves, by name: its catalog names and the
+    deployments on it now, else the revision's label (5 queries at most)."""
+    names = _catalog_names(revisions)
+    for name, revision_id in Deployment.objects.filter(revision_id__in=revisions).values_list(
+        "name", "revision_id"
+    ):
+        names[revision_id].add(f"{name} (deployment)")
+    labels = _revision_labels(revisions - set(names))
+    return {r: ", ".join(sorted(names[r])) if r in names else labels.get(r, r) for r in revisions}
 
 
 def _window(period: Period, org: Organization | None) -> tuple[dt.datetime, dt.datetime, QuerySet]:
@@ -166,17 +199,21 @@ def queue_health(*, org: Organization | None = None) -> Queue:
     counts = dict(items.values("state").annotate(n=Count("id")).values_list("state", "n"))
     pending = items.filter(state=BatchItem.State.PENDING)
     oldest = pending.aggregate(oldest=Min("batch__created_at"))["oldest"]
-    by_revision = list(
-        pending.values("revision_id_key")
+    by_key = list(
+        pending.values("revision_id_key", "deployment_id_key")
         .annotate(n=Count("id"))
         .order_by("-n")
-        .values_list("revision_id_key", "n")[:20]
+        .values_list("revision_id_key", "deployment_id_key", "n")[:50]
     )
+    labels = _model_labels({(r, d) for r, d, _ in by_key})
+    by_model: dict[str, int] = defaultdict(int)
+    for revision_id, deployment_id, n in by_key:
+        by_model[labels[(revision_id, deployment_id)]] += n
     return Queue(
         pending_items=counts.get(BatchItem.State.PENDING, 0),
         running_items=counts.get(BatchItem.State.RUNNING, 0),
         oldest_waiting_since=oldest,
-        by_revision=by_revision,
+        by_model=sorted(by_model.items(), key=lambda m: (-m[1], m[0]))[:20],
     )
 
 
@@ -241,21 +278,27 @@ def usage_dashboard(*, period: Period, org: Organization | None = None) -> Usage
     labels = _model_labels({(k[1], k[2]) for k in keys})
     total = UsageRow("total", "Total")
     orgs: dict[str, UsageRow] = {}
-    models: dict[tuple[str, str], UsageRow] = {}
-    by_org_model = []
+    # Rows are per model name, not per revision: a model's batch rows and interactive
+    # requests, and its revisions before and after the catalog moved, add up in one row.
+    models: dict[str, UsageRow] = {}
+    org_models: dict[tuple[str, str], UsageRow] = {}
     for org_id, revision_id, deployment_id in keys:
-        key = (revision_id, deployment_id)
+        model = labels[(revision_id, deployment_id)]
         name = org_names.get(org_id, org_id)
-        row = UsageRow(key, f"{name} · {labels[key]}", org_id=org_id)
+        row = UsageRow((revision_id, deployment_id), "", org_id=org_id)
         metered = sums.get((org_id, revision_id, deployment_id))
         if metered is not None:
             _add(row, metered)  # its items_failed: interactive requests only
         row.items_failed += failed_by_key.get((org_id, revision_id, deployment_id), 0)
-        by_org_model.append(row)
+        org_model = org_models.setdefault(
+            (org_id, model), UsageRow(model, f"{name} · {model}", org_id=org_id)
+        )
+        _add(org_model, row)
+        org_model.revisions.append((revision_id, deployment_id))
         _add(total, row)
         _add(orgs.setdefault(org_id, UsageRow(org_id, name, org_id=org_id)), row)
-        _add(models.setdefault(key, UsageRow(key, labels[key])), row)
-    by_org_model.sort(key=lambda row: row.label)
+        _add(models.setdefault(model, UsageRow(model, model)), row)
+    by_org_model = sorted(org_models.values(), key=lambda row: row.label)
     by_org = sorted(orgs.values(), key=lambda row: row.label)
     by_model = sorted(models.values(), key=lambda row: row.label)
 
@@ -314,7 +357,7 @@ class WorkerView:
     alive: bool
     started_at: dt.datetime
     seen_at: dt.datetime
-    revisions: list[str]
+    revisions: list[tuple[str, str]]  # (revision id, the model names it serves)
     device: str
     leases: int
     items_recorded: int
@@ -322,7 +365,8 @@ class WorkerView:
 
 
 def workers_overview() -> list[WorkerView]:
-    """Every worker process's liveness row with the leases it holds now (two queries)."""
+    """Every worker process's liveness row with the leases it holds now and the models its
+    engines serve (seven queries at most)."""
     now = clock.now()
     dead_after = dt.timedelta(seconds=settings.WORKER_DEAD_AFTER_SECONDS)
     leases: dict[str, int] = defaultdict(int)
@@ -335,19 +379,21 @@ def workers_overview() -> list[WorkerView]:
     for owner, n in owners:
         # A lease owner is "<process id>:<thread>" (batches.liveness.worker_id).
         leases[owner.rpartition(":")[0]] += n
+    workers = list(WorkerProcess.objects.order_by("id"))
+    names = _served_names({r for w in workers for r in w.revisions or []})
     return [
         WorkerView(
             id=w.id,
             alive=now - w.seen_at <= dead_after,
             started_at=w.started_at,
             seen_at=w.seen_at,
-            revisions=list(w.revisions or []),
+            revisions=[(r, names[r]) for r in w.revisions or []],
             device=w.device,
             leases=leases.get(w.id, 0),
             items_recorded=w.items_recorded,
             items_per_second=w.items_per_second,
         )
-        for w in WorkerProcess.objects.order_by("id")
+        for w in workers
     ]
 
 

@@ -106,6 +106,16 @@ def usage_view(request: HttpRequest) -> HttpResponse:
 
 
 CSV_COLUMNS = ("org_id", "model", "revision_id", "deployment_id", *SUMS)
+# A cell starting with one of these is a formula to a spreadsheet (OWASP, CSV injection):
+# names come from operators and tenants' own deployments, so such a text cell is written
+# with a leading apostrophe. Numbers are written as numbers (a negative one stays one).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def usage_csv_view(request: HttpRequest) -> HttpResponse:
@@ -118,17 +128,18 @@ def usage_csv_view(request: HttpRequest) -> HttpResponse:
     writer.writerow(["period_start", "period_end", *CSV_COLUMNS])
     bounds = [dashboard.start.isoformat(), dashboard.end.isoformat()]
     for row in dashboard.by_org_model:
-        revision_id, deployment_id = row.key
-        writer.writerow(
-            [
-                *bounds,
-                row.org_id,
-                row.label.split(" · ", 1)[-1],
-                revision_id,
-                deployment_id,
-                *(getattr(row, c) for c in CSV_COLUMNS[4:]),
-            ]
-        )
+        # One row per table row (organization and model name); a model served by several
+        # revisions over the period names each of them, space-separated.
+        revision_ids, deployment_ids = zip(*row.revisions, strict=True)
+        cells = [
+            *bounds,
+            row.org_id,
+            row.key,
+            " ".join(revision_ids),
+            " ".join(dict.fromkeys(d for d in deployment_ids if d)),
+            *(getattr(row, c) for c in CSV_COLUMNS[4:]),
+        ]
+        writer.writerow([_cell(c) for c in cells])
     return response
 
 

@@ -15,6 +15,7 @@ import datetime as dt
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from django.contrib.auth.models import User
 from batches.sweeps import sweep_work
 from billing.metering import UsageFacts, usage_record
 from boardwalk import clock
+from inference.demo.model import demo_revision_fields
+from inference.services import revision_create
 from tests.batches.conftest import finalize, rows, submit
 from tests.console.conftest import Seeded, run_batch
 
@@ -233,4 +236,42 @@ def test_the_batch_list_shows_every_status_in_full(
     assert {"Completed", "Cancelled", "Expired", "In Progress"} <= statuses, statuses
     page.screenshot(path=str(screenshots / f"batches-{width}.png"), full_page=True)
     assert page.evaluate(CLIPPED_JS) == []
+    page.close()
+
+
+# Every card whose content is wider than the card, or which runs past the grid it sits in.
+CARDS_OVERFLOWING_JS = """() => {
+  const out = [];
+  for (const card of document.querySelectorAll("#content .bw-card")) {
+    const grid = card.parentElement.getBoundingClientRect();
+    const box = card.getBoundingClientRect();
+    const title = card.querySelector("h2").textContent;
+    if (card.scrollWidth > card.clientWidth + 1) {
+      out.push(`${title}: ${card.scrollWidth}px in ${card.clientWidth}px`);
+    } else if (box.right > grid.right + 1) out.push(`${title}: past the grid`);
+  }
+  return out;
+}"""
+
+LONG_LABEL = "tiny-chat@/home/operator/models/a-rather-long-checkpoint-directory/2026-12-01/final"
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_long_model_names_stay_inside_their_cards(
+    live_server, busy: Seeded, browser, screenshots: Path, width: int
+):
+    """A model named by nothing but its revision's label (a path by default) is the longest
+    name the model charts and tables show: it wraps in the table and stays in its card."""
+    weights = busy.batches[0].revision.weights
+    revision = revision_create(
+        **(demo_revision_fields(Path(weights), "tiny") | {"label": LONG_LABEL})
+    )
+    usage_record(facts=[replace(big_usage(busy, item_id=30_000_000), revision_id=revision.id)])
+    page, errors = staff_page(browser, live_server, width, "/admin/usage/?period=day")
+    charts_drawn(page)
+    page.screenshot(path=str(screenshots / f"usage-long-names-{width}.png"), full_page=True)
+    assert not errors, errors
+    assert page.evaluate(CARDS_OVERFLOWING_JS) == []
+    assert page.evaluate(CLIPPED_JS) == []
+    assert LONG_LABEL in page.locator("#usage-table").inner_text()
     page.close()

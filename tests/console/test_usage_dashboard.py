@@ -5,18 +5,23 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db.models import Sum
 
-from batches.models import BatchItem
+from batches.models import BatchItem, WorkerProcess
 from batches.sweeps import sweep_work
+from billing.metering import UsageFacts, usage_record
 from billing.models import LedgerEntry, UsageEvent
 from boardwalk import clock
 from console.selectors import Period, usage_dashboard
+from console.views import _cell
+from inference.demo.model import demo_revision_fields
+from inference.services import catalog_model_set_revision, revision_create
 from tests.batches.conftest import finalize, rows, submit
-from tests.console.conftest import Seeded
+from tests.console.conftest import Seeded, run_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +58,7 @@ def test_dashboard_numbers_equal_the_ledger_and_the_receipts(seeded: Seeded, dep
     )
     # The deployment row is GPU time only, priced from the events' integer microseconds.
     models = {row.key: row for row in dashboard.by_model}
-    dep = models[(deployment.revision_id, deployment.id)]
+    dep = models["support-agent (deployment)"]
     gpu_events = UsageEvent.objects.filter(deployment_id=deployment.id, kind="gpu_microseconds")
     assert dep.gpu_microseconds == gpu_events.aggregate(s=Sum("quantity"))["s"] > 0
     deployment_batch = seeded.batches[1]
@@ -148,11 +153,10 @@ def test_items_failed_and_the_failure_codes_count_the_items_stopped_batches_ende
     assert dashboard.failure_codes == {"batch_cancelled": 5, "batch_expired": 2}
     assert dashboard.total.items_failed == 7
     rows_by_key = {(r.org_id, r.key): r.items_failed for r in dashboard.by_org_model}
-    revision = catalog_model.revision_id
     assert rows_by_key == {
-        (acme.org.id, (revision, "")): 3,
-        (acme.org.id, (revision, deployment.id)): 2,
-        (globex.org.id, (revision, "")): 2,
+        (acme.org.id, catalog_model.name): 3,
+        (acme.org.id, "support-agent (deployment)"): 2,
+        (globex.org.id, catalog_model.name): 2,
     }
     assert {r.org_id: r.items_failed for r in dashboard.by_org} == {
         acme.org.id: 5,
@@ -179,3 +183,95 @@ def test_an_organization_with_only_stopped_work_has_its_row(tenant, catalog_mode
     assert [(r.label, r.items_failed, r.input_tokens) for r in dashboard.by_org_model] == [
         ("acme · boardwalk/tiny-chat", 2, 0)
     ]
+
+
+def _usage(tenant: Any, revision_id: str, *, deployment_id: str = "", n: int, **facts: Any) -> None:
+    """Metered usage as workers record it (the rollup the dashboard reads)."""
+    usage_record(
+        facts=[
+            UsageFacts(
+                org_id=tenant.org.id,
+                batch_id=f"req_{revision_id}_{n}",
+                item_id=20_000_000 + n,
+                attempt=1,
+                revision_id=revision_id,
+                deployment_id=deployment_id,
+                outcome="succeeded",
+                prompt_tokens=100,
+                completion_tokens=10,
+                **facts,
+            )
+        ]
+    )
+
+
+def test_one_model_is_one_row_across_its_revisions_and_both_classes(staff, tenant, catalog_model):
+    """Batch rows of the revision the catalog served before, batch rows and interactive
+    requests of the one it serves now: one model, one row, named as clients name it; the
+    revision's label (a path by default) only where nothing names the revision."""
+    before = catalog_model.revision
+    run_batch(tenant, 2, "before")  # pinned to the first revision
+    after = revision_create(
+        **(demo_revision_fields(Path(before.weights), "tiny") | {"label": "tiny@/srv/models/b"})
+    )
+    catalog_model_set_revision(model=catalog_model, revision=after)
+    run_batch(tenant, 1, "after")
+    _usage(tenant, after.id, n=1, usage_class="interactive")
+    orphan = revision_create(
+        **(demo_revision_fields(Path(before.weights), "tiny") | {"label": "/srv/models/orphan"})
+    )
+    _usage(tenant, orphan.id, n=2)  # no catalog name, no batch, no deployment
+    dashboard = usage_dashboard(period=Period.DAY)
+    assert [r.label for r in dashboard.by_model] == ["/srv/models/orphan", catalog_model.name]
+    model = dashboard.by_model[1]
+    assert model.items_succeeded == 2 + 1 + 1
+    assert model.input_tokens + 100 == dashboard.total.input_tokens
+    [row, _] = sorted(dashboard.by_org_model, key=lambda r: r.key != catalog_model.name)
+    assert row.label == f"acme · {catalog_model.name}"
+    assert sorted(row.revisions) == sorted([(before.id, ""), (after.id, "")])
+    page = staff.get("/admin/usage/?period=day").content.decode()
+    assert "tiny@/srv/models/b" not in page and before.label not in page
+    table = list(csv.DictReader(io.StringIO(staff.get("/admin/usage.csv?period=day").text)))
+    [exported] = [r for r in table if r["model"] == catalog_model.name]
+    assert sorted(exported["revision_id"].split()) == sorted([before.id, after.id])
+    assert exported["deployment_id"] == ""
+    assert int(exported["items_succeeded"]) == 4
+
+
+def test_the_queue_and_the_workers_page_name_models_not_revisions(
+    staff, tenant, catalog_model, deployment
+):
+    from batches.liveness import worker_beat
+
+    submit(tenant.api, rows(3), key="queued-catalog")
+    submit(tenant.api, rows(2, model=deployment.name), key="queued-deployment")
+    queue = usage_dashboard(period=Period.DAY).queue
+    assert queue.by_model == [(catalog_model.name, 3), ("support-agent (deployment)", 2)]
+    page = staff.get("/admin/usage/?period=day").content.decode()
+    assert f'<td>{catalog_model.name}</td><td class="n">3</td>' in page
+    worker_beat(process="host-a:1:aa")
+    WorkerProcess.objects.filter(id="host-a:1:aa").update(revisions=[catalog_model.revision_id])
+    response = staff.get("/admin/workers/")
+    [worker] = response.context["workers"]
+    names = f"{catalog_model.name}, support-agent (deployment)"
+    assert worker.revisions == [(catalog_model.revision_id, names)]
+    assert f'<span title="{catalog_model.revision_id}">{names}</span>' in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "label", ['=HYPERLINK("https://x.test")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx"]
+)
+def test_csv_cells_a_spreadsheet_would_run_are_written_as_text(staff, tenant, catalog_model, label):
+    """OWASP's advice for CSV injection: a text cell starting with = + - @ tab or CR gets a
+    leading apostrophe; numbers stay numbers."""
+    revision = revision_create(
+        **(demo_revision_fields(Path(catalog_model.revision.weights), "tiny") | {"label": label})
+    )
+    _usage(tenant, revision.id, n=3)  # nothing names it: the row is named by its label
+    table = list(csv.reader(io.StringIO(staff.get("/admin/usage.csv?period=day").text)))
+    header, [row] = table[0], table[1:]
+    assert row[header.index("model")] == "'" + label
+    assert row[header.index("input_tokens")] == "100"
+    assert not any(cell[:1] in ("=", "+", "-", "@", "\t", "\r") for cell in row)
+    # A number is written as the number, a negative one too; text that looks like one is text.
+    assert [_cell(-5), _cell(0), _cell("-5"), _cell("a=b")] == [-5, 0, "'-5", "a=b"]
