@@ -17,6 +17,13 @@ threads for good, and every other request waits behind them.
    most. A stalled or trickling upload therefore gives its thread back within a bounded time,
    by a TimeoutError that `boardwalk.http.middleware` answers with 408.
 
+3. An answer says `Connection: keep-alive` only when the connection is kept. gunicorn reuses a
+   connection after draining the body the application left unread, at most 64 KiB within
+   5 s; past that it closes the connection it had announced as kept, and the client's next
+   request on it fails. Before the head of an answer is written, the rest of the request body
+   is read here within those bounds; a body larger, slower, chunked or broken makes the answer
+   say `Connection: close` instead (`_answer_after_body`).
+
 Connections per process are capped by gunicorn's `worker_connections`.
 """
 
@@ -32,6 +39,8 @@ from functools import partial
 from typing import Any
 
 from django.conf import settings
+from gunicorn.http.body import LengthReader
+from gunicorn.http.wsgi import Response
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 # A request head (request line + headers) larger than this goes to gunicorn's parser, whose
@@ -46,6 +55,13 @@ _TIMEOUT_RESPONSE = (
     b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
     b"x-should-retry: true\r\nContent-Length: %d\r\n\r\n%s" % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
 )
+
+
+# What gunicorn drains of an unread body, and for how long, before reusing a connection
+# (gunicorn.http.parser's cap and gthread's data timeout): a body left past these closes it.
+DRAIN_MAX_BYTES = 64 * 1024
+DRAIN_SECONDS = 5.0
+_DRAIN_CHUNK = 8192
 
 
 class BodyTooSlow(TimeoutError):
@@ -110,6 +126,7 @@ class BoundedThreadWorker(ThreadWorker):
     header_timeout = 10.0
     read_timeout = 30.0
     min_body_rate = 4096.0
+    wsgi: Any  # the application, set by load_wsgi
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -188,6 +205,10 @@ class BoundedThreadWorker(ThreadWorker):
                 conn.sock.send(_TIMEOUT_RESPONSE)
             conn.close()
 
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = partial(_answer_after_body, self.wsgi)
+
     # -- in a thread: the head is parsed from what the event loop read ----------------------
 
     def handle(self, conn: TConn) -> Any:
@@ -204,3 +225,57 @@ class BoundedThreadWorker(ThreadWorker):
         if begin is not None:
             begin()
         return super().handle(conn)
+
+
+def _answer_after_body(app: Any, environ: dict[str, Any], start_response: Any) -> Any:
+    """The application, with the rest of the request body read before an answer's head is
+    written (see the module doc, 3.): an early answer (401, 413, 503 before the body was
+    read) keeps its connection only where the body could be drained, else says close."""
+
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        write = start_response(status, headers, exc_info)
+        # gunicorn writes the head with the first piece of the body, after this returns.
+        response = getattr(start_response, "__self__", None)
+        if (
+            isinstance(response, Response)
+            and not response.headers_sent
+            and not response.should_close()
+            and not _body_drained(environ)
+        ):
+            response.force_close()
+        return write
+
+    return app(environ, start)
+
+
+def _body_drained(environ: dict[str, Any]) -> bool:
+    """Read and drop what the application left of the request body, within gunicorn's drain
+    bounds; False when it could not be (too large, too slow, chunked, the client gone)."""
+    body = environ["wsgi.input"]
+    reader = getattr(body, "reader", None)
+    if not isinstance(reader, LengthReader):  # chunked: its end is not known
+        return False
+    if reader.length == 0 and not body.buf.tell():
+        return True
+    if reader.length >= DRAIN_MAX_BYTES:
+        return False
+    sock = environ.get("gunicorn.socket")
+    prior = sock.gettimeout() if sock is not None else None
+    deadline = time.monotonic() + DRAIN_SECONDS
+    try:
+        while True:
+            if sock is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                sock.settimeout(min(remaining, prior) if prior else remaining)
+            if not body.read(_DRAIN_CHUNK):
+                return True
+    except Exception:
+        # Whatever stopped the read (a timeout, the client gone, a malformed body), where
+        # the next request would start is unknown: the connection closes.
+        return False
+    finally:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.settimeout(prior)

@@ -4,6 +4,7 @@ and a pool of only 4 threads, so a stalled client per thread would block everyon
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -170,3 +171,100 @@ def test_a_trickling_upload_is_cut_with_408_and_others_are_served(server: tuple[
     finally:
         for sock in slow:
             sock.close()
+
+
+@pytest.fixture(scope="module")
+def outage_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A production-mode server whose database and broker refuse connections: every
+    authenticated request answers 503 backend_unavailable, before its body is read."""
+    env = _env(tmp_path_factory.mktemp("outage"))
+    dead = _free_port()
+    env.update(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{dead}/none",
+        REDIS_URL=f"redis://127.0.0.1:{dead}/0",
+        DJANGO_SECRET_KEY="outage-" * 8,
+        BOARDWALK_MASTER_KEYS="k1:" + "A" * 43 + "=",
+        BOARDWALK_API_KEY_PEPPER="pepper-" * 6,
+    )
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--workers", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if _healthz(port).startswith(b"HTTP/1.1 "):  # any answer: it is serving
+                    break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("manage.py serve did not come up")
+            time.sleep(0.5)
+        yield port
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _post(connection: http.client.HTTPConnection, path: str, size: int) -> tuple[int, str, dict]:
+    connection.request(
+        "POST",
+        path,
+        body=b"x" * size,
+        headers={"Authorization": "Bearer bw_nokey", "Content-Type": "application/json"},
+    )
+    answer = connection.getresponse()
+    body = json.loads(answer.read())
+    return answer.status, answer.getheader("Connection") or "", body
+
+
+@pytest.mark.parametrize("path", ["/v1/files", "/v1/batches"])
+def test_a_503_before_the_body_was_read_leaves_a_kept_alive_connection_usable(
+    outage_server: int, path: str
+):
+    """An answer given before the body was read announced keep-alive and the server then
+    closed the connection, so the client's next request on it failed."""
+    connection = http.client.HTTPConnection("127.0.0.1", outage_server, timeout=30)
+    try:
+        status, said, body = _post(connection, path, 1000)
+        assert (status, body["error"]["code"]) == (503, "backend_unavailable")
+        assert said == "keep-alive"
+        kept = connection.sock
+        for _ in range(2):  # the same connection serves the next requests
+            status, said, body = _post(connection, path, 1000)
+            assert (status, said, body["error"]["code"]) == (
+                503,
+                "keep-alive",
+                "backend_unavailable",
+            )
+            assert connection.sock is kept and kept is not None
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "size", "status"),
+    [("/v1/files", 300_000, 503), ("/v1/batches", 300_000, 503), ("/v1/batches", 3_000_000, 413)],
+)
+def test_an_answer_that_leaves_a_large_body_unread_says_connection_close(
+    outage_server: int, path: str, size: int, status: int
+):
+    connection = http.client.HTTPConnection("127.0.0.1", outage_server, timeout=30)
+    try:
+        answered, said, _ = _post(connection, path, size)
+        assert (answered, said) == (status, "close")
+        assert connection.sock is None  # http.client took the word and closed its side
+        # The client's next request goes on a new connection, and is answered.
+        assert _post(connection, path, 1000)[:2] == (503, "keep-alive")
+    finally:
+        connection.close()
