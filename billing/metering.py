@@ -20,7 +20,10 @@ from django.db.models import Sum
 from billing.models import UsageEvent, UsageRollup
 from boardwalk import clock
 
-Outcome = Literal["succeeded", "failed", "released"]
+# "cut": an interactive request stopped before its end (its client went away, its stream
+# broke): its tokens so far count and are charged, but it neither succeeded nor failed.
+Outcome = Literal["succeeded", "failed", "released", "cut"]
+_TOKENS_COUNT: tuple[Outcome, ...] = ("succeeded", "cut")
 # Which tier the usage belongs to: batch rows, or interactive requests (/v1/chat/completions).
 UsageClass = Literal["batch", "interactive"]
 # The summed columns of UsageRollup (the console reads the same list).
@@ -40,7 +43,8 @@ class UsageFacts:
     """One item attempt's usage (ids and counts only, never content).
 
     `attempt` is the lease token the item was written under. Tokens count only for a
-    succeeded row (the rows that can be published and charged); GPU time counts for every
+    succeeded row (the rows that can be published and charged) and a cut interactive
+    request (charged what it generated before it stopped); GPU time counts for every
     outcome, since deployments pay for work that ended in a failure or a cancel (SPEC §8).
     """
 
@@ -87,7 +91,7 @@ def _event_rows(facts: Iterable[UsageFacts], at: Any) -> list[tuple[Any, ...]]:
     K = UsageEvent.Kind
     rows = []
     for f in facts:
-        tokens = f.outcome == "succeeded"
+        tokens = f.outcome in _TOKENS_COUNT
         for kind, quantity in (
             (K.INPUT_TOKENS, f.prompt_tokens if tokens else 0),
             (K.CACHED_TOKENS, f.cached_tokens if tokens else 0),
@@ -178,10 +182,11 @@ def usage_record(*, facts: list[UsageFacts]) -> None:
     sums: dict[RollupKey, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for f in facts:
         row = sums[(bucket, f.org_id, f.revision_id, f.deployment_id, f.usage_class)]
-        if f.outcome == "succeeded":
+        if f.outcome in _TOKENS_COUNT:
             row["input_tokens"] += f.prompt_tokens
             row["cached_tokens"] += f.cached_tokens
             row["output_tokens"] += f.completion_tokens
+        if f.outcome == "succeeded":
             row["items_succeeded"] += 1
         elif f.outcome == "failed":
             row["items_failed"] += 1
@@ -200,8 +205,9 @@ def spend_record(
     at: dt.datetime,
     usage_class: UsageClass = "batch",
 ) -> None:
-    """Add a settled charge to the rollup; the caller appended its ledger entry just now."""
-    if amount_microusd > 0:
+    """Add a settled charge (or, negative, a refund) to the rollup; the caller appended its
+    ledger entry just now."""
+    if amount_microusd != 0:
         key = (hour_of(at), org_id, revision_id, deployment_id, usage_class)
         _rollup_add({key: {"spend_microusd": amount_microusd}})
 

@@ -14,6 +14,9 @@ class LedgerEntry(models.Model):
         HOLD = "hold"  # acceptance reserves the maximum cost (-available)
         RELEASE = "release"  # finalization returns the hold (+available)
         CHARGE = "charge"  # finalization bills what was published (-balance)
+        # An interactive request answered with an error after a worker had charged it: the
+        # charge given back (+balance), never deleted (billing.services.credit_void).
+        REFUND = "refund"
 
     org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="ledger")
     kind = models.CharField(max_length=10, choices=Kind.choices)

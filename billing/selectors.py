@@ -15,7 +15,7 @@ MEASURED_COST_WINDOW = dt.timedelta(days=7)
 
 @dataclass(frozen=True)
 class Credit:
-    balance: int  # grants - charges
+    balance: int  # grants + refunds - charges
     held: int  # holds - releases
 
     @property
@@ -32,7 +32,7 @@ def credit_for_org(*, org_id: str) -> Credit:
     }
     K = LedgerEntry.Kind
     return Credit(
-        balance=totals.get(K.GRANT, 0) - totals.get(K.CHARGE, 0),
+        balance=totals.get(K.GRANT, 0) + totals.get(K.REFUND, 0) - totals.get(K.CHARGE, 0),
         held=totals.get(K.HOLD, 0) - totals.get(K.RELEASE, 0),
     )
 

@@ -69,6 +69,19 @@ def credit_hold(*, org_id: str, batch_id: str, amount_microusd: int) -> None:
     )
 
 
+def _hold_release(*, org_id: str, batch_id: str) -> None:
+    """Append the release of the batch's (or request's) hold, if it has one; once."""
+    hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{batch_id}").first()
+    if hold is not None:
+        _append(
+            org_id=org_id,
+            kind=LedgerEntry.Kind.RELEASE,
+            amount=hold.amount_microusd,
+            key=f"release:{batch_id}",
+            batch_id=batch_id,
+        )
+
+
 def credit_settle(
     *,
     org_id: str,
@@ -86,15 +99,7 @@ def credit_settle(
     """
     now = clock.now()
     with transaction.atomic():
-        hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{batch_id}").first()
-        if hold is not None:
-            _append(
-                org_id=org_id,
-                kind=LedgerEntry.Kind.RELEASE,
-                amount=hold.amount_microusd,
-                key=f"release:{batch_id}",
-                batch_id=batch_id,
-            )
+        _hold_release(org_id=org_id, batch_id=batch_id)
         if charge_microusd > 0 and _append(
             org_id=org_id,
             kind=LedgerEntry.Kind.CHARGE,
@@ -111,3 +116,56 @@ def credit_settle(
                 at=now,
                 usage_class=usage_class,
             )
+
+
+def credit_void(
+    *,
+    org_id: str,
+    batch_id: str,
+    revision_id: str,
+    deployment_id: str = "",
+    usage_class: UsageClass = "interactive",
+    memo: str = "",
+) -> int:
+    """Settle an interactive request that was answered with an error: nothing charged.
+
+    Its hold is released and its charge entry written at 0, so a worker that settles it later
+    (it ran on after all) appends no charge: the ledger's key decides who settled first. A
+    charge a worker appended before the error answer is given back by a refund entry (and
+    taken out of the rollup's spend). Safe to call any number of times; returns the µUSD
+    refunded by this call.
+    """
+    now = clock.now()
+    with transaction.atomic():
+        _hold_release(org_id=org_id, batch_id=batch_id)
+        if _append(
+            org_id=org_id,
+            kind=LedgerEntry.Kind.CHARGE,
+            amount=0,
+            key=f"charge:{batch_id}",
+            batch_id=batch_id,
+            memo=memo,
+            at=now,
+        ):
+            return 0
+        charged = LedgerEntry.objects.get(idempotency_key=f"charge:{batch_id}").amount_microusd
+        if charged == 0 or not _append(
+            org_id=org_id,
+            kind=LedgerEntry.Kind.REFUND,
+            amount=charged,
+            key=f"refund:{batch_id}",
+            batch_id=batch_id,
+            memo=memo,
+            at=now,
+        ):
+            return 0
+        spend_record(
+            org_id=org_id,
+            revision_id=revision_id,
+            deployment_id=deployment_id,
+            amount_microusd=-charged,
+            at=now,
+            usage_class=usage_class,
+        )
+    logger.info("interactive %s refunded %s µUSD after an error answer", batch_id, charged)
+    return charged

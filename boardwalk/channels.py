@@ -37,6 +37,9 @@ class Channels(Protocol):
     def flagged(self, keys: list[str]) -> set[str]:
         """Which of `keys` are raised flags."""
 
+    def claim(self, key: str, *, ttl: float) -> bool:
+        """Raise the flag `key` unless it is raised already: whether this call raised it."""
+
     def add(self, key: str, delta: int, *, ttl: float) -> int:
         """Add to the counter `key` (created at 0, expiring `ttl` after this add): its value."""
 
@@ -45,6 +48,9 @@ class Channels(Protocol):
 
     def gauge_sum(self, key: str) -> int:
         """The sum of the gauge's values that have not expired."""
+
+    def gauge_values(self, key: str) -> dict[str, int]:
+        """Each reporter's value of the gauge that has not expired."""
 
 
 class MemoryChannels:
@@ -106,6 +112,15 @@ class MemoryChannels:
         with self._cond:
             return {k for k in keys if (v := self._values.get(k)) is not None and v[1] > now}
 
+    def claim(self, key: str, *, ttl: float) -> bool:
+        now = time.monotonic()
+        with self._cond:
+            entry = self._values.get(key)
+            if entry is not None and entry[1] > now:
+                return False
+            self._values[key] = (1, now + ttl)
+            return True
+
     def add(self, key: str, delta: int, *, ttl: float) -> int:
         now = time.monotonic()
         with self._cond:
@@ -119,9 +134,12 @@ class MemoryChannels:
             self._gauges.setdefault(key, {})[field] = (value, time.monotonic() + ttl)
 
     def gauge_sum(self, key: str) -> int:
+        return sum(self.gauge_values(key).values())
+
+    def gauge_values(self, key: str) -> dict[str, int]:
         now = time.monotonic()
         with self._cond:
-            return sum(v for v, expires in self._gauges.get(key, {}).values() if expires > now)
+            return {f: v for f, (v, expires) in self._gauges.get(key, {}).items() if expires > now}
 
 
 # HSET the field, then extend the hash's expiry, never shorten it (PTTL is -1 for a hash
@@ -179,6 +197,9 @@ class RedisChannels:
         values = self._client.mget([self._k(k) for k in keys])
         return {k for k, v in zip(keys, values, strict=True) if v is not None}
 
+    def claim(self, key: str, *, ttl: float) -> bool:
+        return bool(self._client.set(self._k(key), 1, px=max(1, int(ttl * 1000)), nx=True))
+
     def add(self, key: str, delta: int, *, ttl: float) -> int:
         pipe = self._client.pipeline(transaction=True)
         pipe.incrby(self._k(key), delta)
@@ -195,14 +216,18 @@ class RedisChannels:
         )
 
     def gauge_sum(self, key: str) -> int:
+        return sum(self.gauge_values(key).values())
+
+    def gauge_values(self, key: str) -> dict[str, int]:
         now = time.time()
-        total = 0
-        for raw in self._client.hgetall(self._k(key)).values():
+        values = {}
+        for field, raw in self._client.hgetall(self._k(key)).items():
             text = raw.decode() if isinstance(raw, bytes) else str(raw)
             value, _, expires = text.partition(":")
             if float(expires) > now:
-                total += int(value)
-        return total
+                name = field.decode() if isinstance(field, bytes) else str(field)
+                values[name] = int(value)
+        return values
 
 
 _channels: Channels | None = None

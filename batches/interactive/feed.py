@@ -5,6 +5,12 @@ thread pops the key's request channel, renders and tokenizes each request with t
 tokenizer, and hands it to the run to be pulled before any queued batch row; results (and
 partial text) go back on the request's reply channel, and are metered and settled here
 (batches.interactive.settle), so a web process that went away costs no money.
+
+A request is stopped (and pays what it generated) as soon as nobody reads it: its abort flag
+is raised (the client closed the stream), its listener flag lapsed (the web process died, or
+the broker lost its keys), or a reply to it could not be delivered (the broker is down). The
+feed's thread outlives broker errors (it waits and tries again), and a request runs once
+however often its message is pushed (its "taken" flag).
 """
 
 from __future__ import annotations
@@ -23,11 +29,15 @@ from batches.interactive.messages import (
     Submitted,
     abort_flag,
     encode_reply,
+    feed_alive_flag,
     headroom_gauge,
     in_flight_gauge,
+    listener_flag,
+    others_waiting,
     reply_channel,
     request_channel,
     requests_waiting,
+    taken_flag,
 )
 from batches.interactive.settle import interactive_settle
 from batches.liveness import worker_id
@@ -45,6 +55,13 @@ POP_SECONDS = 0.25  # the feed thread's longest wait on the channel (then headro
 HEADROOM_TTL_SECONDS = 2.0
 REPLY_TTL_SECONDS = 120.0
 INTERACTIVE_PRIORITY = 1
+# The feed's liveness flag lowers itself this long after its last report (every half second):
+# a web process that finds it down answers the request `worker_lost` (relay).
+FEED_ALIVE_TTL_SECONDS = 10.0
+# After a broker error, the feed's thread waits this long (doubling up to the most) and tries
+# again: it never stops while its run lasts.
+RETRY_FIRST_SECONDS = 0.25
+RETRY_MOST_SECONDS = 2.0
 
 
 def completion_id(request_id: str) -> str:
@@ -80,6 +97,7 @@ class InteractiveFeed:
         self._inflight: dict[str, Submitted] = {}  # generation id → request
         self._rows = 0  # rows (n per request) of the requests in flight
         self._aborted: frozenset[str] = frozenset()
+        self._undeliverable: set[str] = set()  # generation ids a reply could not reach
         self._last: float | None = None  # when this run last took an interactive request
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="interactive-feed", daemon=True)
@@ -94,9 +112,13 @@ class InteractiveFeed:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=5)
-        for gauge in (headroom_gauge(self.key), in_flight_gauge(self.key)):
-            self.channels.gauge(gauge, self.reporter, 0, ttl=0.001)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
+        try:
+            for gauge in (headroom_gauge(self.key), in_flight_gauge(self.key)):
+                self.channels.gauge(gauge, self.reporter, 0, ttl=0.001)
+        except Exception as exc:  # the broker is down: the gauges lapse on their own
+            logger.warning("interactive feed of %s: %s at its end", self.key, type(exc).__name__)
         with self._lock:
             left = list(self._inflight.values())
             self._inflight.clear()
@@ -129,24 +151,38 @@ class InteractiveFeed:
             recent = last is not None and (
                 time.monotonic() - last < setting("INTERACTIVE_LINGER_SECONDS")
             )
-            if busy or recent or requests_waiting(self.key):
+            if busy or requests_waiting(self.key):
+                return True
+            # A recent request keeps the engine for the next, unless another model's
+            # requests wait for a worker: lingering never holds the worker from them.
+            if recent and not others_waiting(self.key):
                 return True
             self._closed = True
             return False
 
     def aborted(self) -> frozenset[str]:
-        """Generation ids whose client went away (refreshed by the feed's thread)."""
-        return self._aborted
+        """Generation ids nobody reads any more (refreshed by the feed's thread, and at once
+        when a reply to one could not be delivered)."""
+        with self._lock:
+            if not self._undeliverable:
+                return self._aborted
+            return self._aborted | self._undeliverable
 
     def partial(self, partial: PartialResult) -> None:
         with self._lock:
             submitted = self._inflight.get(partial.id)
-        if submitted is not None and submitted.stream:
-            self._reply(submitted, "delta", index=partial.index, text=partial.text)
+        if (
+            submitted is not None
+            and submitted.stream
+            and not self._reply(submitted, "delta", index=partial.index, text=partial.text)
+        ):
+            with self._lock:  # nobody can read it: stop it at the next step
+                self._undeliverable.add(partial.id)
 
     def finished(self, result: GenerationResult) -> None:
         with self._lock:
             submitted = self._inflight.pop(result.id, None)
+            self._undeliverable.discard(result.id)
             if submitted is not None:
                 self._rows -= result.params.n if result.params is not None else 1
         if submitted is None:
@@ -176,17 +212,31 @@ class InteractiveFeed:
 
     def _loop(self) -> None:
         last_report = 0.0
+        pause = RETRY_FIRST_SECONDS
         try:
             while not self._stopped.is_set():
-                if time.monotonic() - last_report >= HEADROOM_TTL_SECONDS / 4:
-                    last_report = time.monotonic()
-                    self._report()
-                with self._intake:
-                    if self._closed:
+                try:
+                    if time.monotonic() - last_report >= HEADROOM_TTL_SECONDS / 4:
+                        last_report = time.monotonic()
+                        self._report()
+                    with self._intake:
+                        if self._closed:
+                            break
+                        self._pop_and_take()
+                    pause = RETRY_FIRST_SECONDS
+                except Exception as exc:
+                    # The broker (or the database) failed: the run goes on, and so does its
+                    # feed, once it answers again. The type only: nothing here quotes content.
+                    logger.warning(
+                        "interactive feed of %s: %s; retrying in %.2f s",
+                        self.key,
+                        type(exc).__name__,
+                        pause,
+                    )
+                    connection.close()
+                    if self._stopped.wait(pause):
                         break
-                    self._pop_and_take()
-        except Exception as exc:
-            logger.error("interactive feed of %s stopped: %s", self.key, type(exc).__name__)
+                    pause = min(RETRY_MOST_SECONDS, pause * 2)
         finally:
             connection.close()
 
@@ -197,7 +247,7 @@ class InteractiveFeed:
         self._last = time.monotonic()  # a run that saw a message lingers for the next
         try:
             submitted = Submitted.decode(raw)
-        except (CryptoError, InvalidTag, ValueError, TypeError) as exc:
+        except (CryptoError, InvalidTag, ValueError, TypeError, KeyError) as exc:
             # Not sealed by a web process with our master keys: nobody to answer.
             logger.error("interactive request refused: %s", type(exc).__name__)
             return
@@ -205,18 +255,34 @@ class InteractiveFeed:
 
     def _report(self) -> None:
         free = max(0, self.max_rows - self.engine_rows())
+        self.channels.flag(feed_alive_flag(self.reporter), ttl=FEED_ALIVE_TTL_SECONDS)
         self.channels.gauge(headroom_gauge(self.key), self.reporter, free, ttl=HEADROOM_TTL_SECONDS)
         with self._lock:
-            ids = {abort_flag(s.id): gid for gid, s in self._inflight.items()}
+            inflight = dict(self._inflight)
         self.channels.gauge(
-            in_flight_gauge(self.key), self.reporter, len(ids), ttl=HEADROOM_TTL_SECONDS
+            in_flight_gauge(self.key), self.reporter, len(inflight), ttl=HEADROOM_TTL_SECONDS
         )
-        if ids:
-            self._aborted = frozenset(ids[k] for k in self.channels.flagged(list(ids)))
+        if inflight:
+            aborts = {abort_flag(s.id): gid for gid, s in inflight.items()}
+            listeners = {listener_flag(s.id): gid for gid, s in inflight.items()}
+            raised = self.channels.flagged([*aborts, *listeners])
+            self._aborted = frozenset(
+                [gid for flag, gid in aborts.items() if flag in raised]
+                + [gid for flag, gid in listeners.items() if flag not in raised]
+            )
 
     def _take(self, submitted: Submitted) -> None:
-        if submitted.deadline < time.time() or self.channels.flagged([abort_flag(submitted.id)]):
+        if submitted.deadline < time.time():
             logger.info("interactive %s dropped: its client stopped waiting", submitted.id)
+            return
+        flags = self.channels.flagged([abort_flag(submitted.id), listener_flag(submitted.id)])
+        if abort_flag(submitted.id) in flags or listener_flag(submitted.id) not in flags:
+            logger.info("interactive %s dropped: its client stopped waiting", submitted.id)
+            return
+        # Once only: a message pushed again (replayed) would run, and be settled, twice.
+        ttl = max(1.0, submitted.deadline - time.time()) + 60
+        if not self.channels.claim(taken_flag(submitted.id), ttl=ttl):
+            logger.error("interactive %s refused: it was taken before", submitted.id)
             return
         try:
             ids = bounded_prompt_ids(
@@ -242,10 +308,11 @@ class InteractiveFeed:
             self._inflight[request.id] = submitted
             self._rows += request.params.n
         self.taken += 1
-        self._reply(submitted, "taken")
+        self._reply(submitted, "taken", worker=self.reporter)
         self.put_first(request)
 
-    def _reply(self, submitted: Submitted, kind: str, **fields: Any) -> None:
+    def _reply(self, submitted: Submitted, kind: str, **fields: Any) -> bool:
+        """Push one reply; whether it reached the broker."""
         try:
             self.channels.push(
                 reply_channel(submitted.id),
@@ -254,6 +321,8 @@ class InteractiveFeed:
             )
         except Exception as exc:
             logger.warning("reply to %s lost: %s", submitted.id, type(exc).__name__)
+            return False
+        return True
 
 
 def _cache_scope(submitted: Submitted) -> str:

@@ -63,17 +63,35 @@ def _slot_add(org_id: str, epoch: int, delta: int) -> int:
 def admit(*, org_id: str, tokens: int, now: float | None = None) -> Admission:
     """Take a concurrency slot and `tokens` of this minute's budget, or raise 429. `now`
     (epoch seconds) is the current time's stand-in in tests."""
-    ch = channels()
-    max_requests = setting("INTERACTIVE_MAX_CONCURRENT")
-    max_tokens = setting("INTERACTIVE_TOKENS_PER_MINUTE")
+    admission = slot_take(org_id=org_id, now=now)
+    admission_tokens_take(admission, tokens=tokens, now=now)
+    return admission
+
+
+def _limits(now: float | None) -> tuple[int, int, float, int, int]:
+    """The limits, the time, this minute's window and the seconds until it resets."""
     now = time.time() if now is None else now
     window = int(now // WINDOW_SECONDS)
     reset_tokens = max(1, int((window + 1) * WINDOW_SECONDS - now + 0.999))
+    return (
+        setting("INTERACTIVE_MAX_CONCURRENT"),
+        setting("INTERACTIVE_TOKENS_PER_MINUTE"),
+        now,
+        window,
+        reset_tokens,
+    )
+
+
+def slot_take(*, org_id: str, now: float | None = None) -> Admission:
+    """Take a concurrency slot, or raise 429: before the request's prompt is counted, so an
+    organization's parallel requests cost the web tier at most its limit's worth of work."""
+    ch = channels()
+    max_requests, max_tokens, now, window, reset_tokens = _limits(now)
     epoch = int(now // _slot_ttl())
     in_flight = _slot_add(org_id, epoch, 1)
+    used = ch.add(_tokens_key(org_id, window), 0, ttl=2 * WINDOW_SECONDS)
     if in_flight > max_requests:
         _slot_add(org_id, epoch, -1)
-        used = ch.add(_tokens_key(org_id, window), 0, ttl=2 * WINDOW_SECONDS)
         raise CapacityExceeded(
             f"Too many interactive requests in flight: your organization's limit is "
             f"{max_requests} at once. Retry when one has finished.",
@@ -81,10 +99,28 @@ def admit(*, org_id: str, tokens: int, now: float | None = None) -> Admission:
             retry_after=1,
             headers=_headers(max_requests, 0, max_tokens, max_tokens - used, reset_tokens, "1s"),
         )
-    used = ch.add(_tokens_key(org_id, window), tokens, ttl=2 * WINDOW_SECONDS)
+    admission = Admission(org_id, {}, epoch)
+    admission.headers = _headers(
+        max_requests,
+        max(0, max_requests - in_flight),
+        max_tokens,
+        max(0, max_tokens - used),
+        reset_tokens,
+        "0s",
+    )
+    return admission
+
+
+def admission_tokens_take(admission: Admission, *, tokens: int, now: float | None = None) -> None:
+    """Take `tokens` (prompt + max output) of this minute's budget for the request holding
+    `admission`, or give its slot back and raise 429."""
+    ch = channels()
+    max_requests, max_tokens, now, window, reset_tokens = _limits(now)
+    remaining_requests = int(admission.headers["x-ratelimit-remaining-requests"])
+    used = ch.add(_tokens_key(admission.org_id, window), tokens, ttl=2 * WINDOW_SECONDS)
     if used > max_tokens:
-        ch.add(_tokens_key(org_id, window), -tokens, ttl=2 * WINDOW_SECONDS)
-        _slot_add(org_id, epoch, -1)
+        ch.add(_tokens_key(admission.org_id, window), -tokens, ttl=2 * WINDOW_SECONDS)
+        admission.release()
         never = tokens > max_tokens  # this request alone is over the limit: retrying is vain
         raise CapacityExceeded(
             f"This request needs {tokens} tokens (prompt + max output) and your organization "
@@ -95,24 +131,20 @@ def admit(*, org_id: str, tokens: int, now: float | None = None) -> Admission:
             retry_after=None if never else reset_tokens,
             headers=_headers(
                 max_requests,
-                max_requests - in_flight + 1,
+                remaining_requests + 1,
                 max_tokens,
                 max(0, max_tokens - used + tokens),
                 reset_tokens,
                 "0s",
             ),
         )
-    return Admission(
-        org_id,
-        _headers(
-            max_requests,
-            max(0, max_requests - in_flight),
-            max_tokens,
-            max(0, max_tokens - used),
-            reset_tokens,
-            "0s",
-        ),
-        epoch,
+    admission.headers = _headers(
+        max_requests,
+        remaining_requests,
+        max_tokens,
+        max(0, max_tokens - used),
+        reset_tokens,
+        "0s",
     )
 
 

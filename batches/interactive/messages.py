@@ -2,7 +2,10 @@
 
 Keys: one request list per engine key (every worker serving the key pops from it, so Redis
 hands each request to exactly one), one reply list per request, one abort flag per request,
-one headroom gauge per key (free rows, per worker) and one of the requests each worker runs.
+one listener flag per request (its web process still reads the replies), one "taken" flag per
+request (a request runs once, however often its message is pushed), one liveness flag per
+worker feed, one headroom gauge per key (free rows, per worker), one of the requests each
+worker runs, and one gauge of the keys whose requests wait for a worker.
 The request message carries the body and the replies carry the completion (content): both
 are sealed (AES-256-GCM) under a data key of the request's own, which travels wrapped by the
 master key (files.crypto.Keyring, as a file's does), so the broker holds ciphertext only; the
@@ -40,6 +43,37 @@ def reply_channel(request_id: str) -> str:
 
 def abort_flag(request_id: str) -> str:
     return f"interactive:abort:{request_id}"
+
+
+def listener_flag(request_id: str) -> str:
+    return f"interactive:listening:{request_id}"
+
+
+def taken_flag(request_id: str) -> str:
+    return f"interactive:taken:{request_id}"
+
+
+def feed_alive_flag(reporter: str) -> str:
+    return f"interactive:feed:{reporter}"
+
+
+WANTED_GAUGE = "interactive:wanted"  # field: an engine key, value 1 while a request waits
+
+
+def wanted_field(key: EngineKey) -> str:
+    return f"{key.revision_id}:{key.deployment_id}"
+
+
+def others_waiting(key: EngineKey) -> bool:
+    """Whether interactive requests of another engine key wait in their channel (no worker
+    serving that key has popped them): a run lingering on `key` should give the worker up."""
+    ch = channels()
+    for field_ in ch.gauge_values(WANTED_GAUGE):
+        revision_id, _, deployment_id = field_.partition(":")
+        other = EngineKey(revision_id, deployment_id)
+        if other != key and ch.length(request_channel(other)) > 0:
+            return True
+    return False
 
 
 def headroom_gauge(key: EngineKey) -> str:

@@ -1,11 +1,12 @@
 """Credit holds that no worker settled: the sweeper gives them back.
 
 An interactive request's hold (`hold:req_…`) is released where it ran (batches.interactive.
-settle) or, when no worker took it, by the web tier (service.interactive_abandon). A worker
-or web process that died mid-request does neither, and the hold would keep the credit from
-the organization for good. Once the request's reply deadline has passed (its wait for a
-worker, its run, and a margin), nothing can settle it any more on its own: the sweep appends
-its release, an entry like any other, never a delete. The ledger's keys make it once only,
+settle) or by the web tier, which voids every request it answers with an error
+(service.interactive_void). A worker and a web process that both died mid-request do
+neither, and the hold would keep the credit from the organization for good. Once the
+request's reply deadline has passed (its wait for a worker, its run, and a margin), nothing
+can settle it any more on its own: the sweep appends its release, an entry like any other,
+never a delete. The ledger's keys make it once only,
 and a request settled meanwhile (its `release:` entry written) is left alone.
 """
 

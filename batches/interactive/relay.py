@@ -1,4 +1,12 @@
-"""The web tier's side: hand an accepted request to the workers and read its replies."""
+"""The web tier's side: hand an accepted request to the workers and read its replies.
+
+While it reads, the web process keeps the request's listener flag raised (refreshed every
+`SLICE_SECONDS`, lowering itself `LISTEN_TTL_SECONDS` after the last refresh): a worker whose
+request lost its listener (the web process died, or the broker lost its keys) stops it as it
+stops one whose client closed the stream. And it watches the worker that took the request: a
+feed whose liveness flag lapsed is gone, and the request ends as `worker_lost` instead of
+waiting out its timeout.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from batches.interactive.config import setting
-from batches.interactive.messages import abort_flag, decode_reply, reply_channel, request_channel
+from batches.interactive.messages import (
+    WANTED_GAUGE,
+    abort_flag,
+    decode_reply,
+    feed_alive_flag,
+    listener_flag,
+    reply_channel,
+    request_channel,
+    wanted_field,
+)
 from batches.interactive.service import Accepted
 from batches.interactive.tasks import interactive_wake
 from boardwalk.broker import BROKER_UNREACHABLE
@@ -17,6 +34,10 @@ from boardwalk.channels import channels
 logger = logging.getLogger(__name__)
 
 ABORT_TTL_SECONDS = 120.0
+SLICE_SECONDS = 1.0  # the longest single wait on the reply channel (then the flag's refresh)
+LISTEN_TTL_SECONDS = 5.0  # a listener flag not refreshed for this long: nobody reads
+WORKER_CHECK_SECONDS = 2.0  # how often a silent wait asks whether its worker still lives
+WORKER_LOST = "worker_lost"  # the reply code of a request whose worker went away
 
 
 class NotTaken(Exception):
@@ -25,11 +46,11 @@ class NotTaken(Exception):
 
 def dispatch(accepted: Accepted) -> None:
     key = accepted.key
-    channels().push(
-        request_channel(key),
-        accepted.submitted.encode(),
-        ttl=setting("INTERACTIVE_QUEUE_SECONDS") + 5,
-    )
+    queue_seconds = setting("INTERACTIVE_QUEUE_SECONDS")
+    ch = channels()
+    _listen(accepted)
+    ch.gauge(WANTED_GAUGE, wanted_field(key), 1, ttl=queue_seconds + 5)
+    ch.push(request_channel(key), accepted.submitted.encode(), ttl=queue_seconds + 5)
     try:
         interactive_wake.send(key.revision_id, key.deployment_id)
     except BROKER_UNREACHABLE as exc:
@@ -41,19 +62,23 @@ def wait_taken(accepted: Accepted) -> dict[str, Any] | None:
     """Return once a worker has the request: None, or the error it was refused with before
     it ran. NotTaken (and the request withdrawn) if no worker took it within
     BOARDWALK_INTERACTIVE_QUEUE_SECONDS."""
-    message = _pop(accepted, setting("INTERACTIVE_QUEUE_SECONDS"))
+    message = _pop(accepted, time.monotonic() + setting("INTERACTIVE_QUEUE_SECONDS"))
     if message is None:
         abort(accepted)
         raise NotTaken
-    return None if message["kind"] == "taken" else message
+    if message["kind"] == "taken":
+        accepted.worker = message.get("worker", "")
+        return None
+    return message
 
 
 def replies(accepted: Accepted) -> Iterator[dict[str, Any]]:
     """The request's replies after "taken", up to its "result" or "error"; an "error" with
-    code "timeout" when the run takes longer than BOARDWALK_INTERACTIVE_TIMEOUT_SECONDS."""
+    code "timeout" when the run takes longer than BOARDWALK_INTERACTIVE_TIMEOUT_SECONDS, and
+    one with code `WORKER_LOST` when the worker that took it stopped reporting."""
     until = time.monotonic() + setting("INTERACTIVE_TIMEOUT_SECONDS")
     while True:
-        message = _pop(accepted, until - time.monotonic())
+        message = _pop(accepted, until, watch_worker=True)
         if message is None:
             abort(accepted)
             yield {"kind": "error", "code": "timeout"}
@@ -67,12 +92,40 @@ def replies(accepted: Accepted) -> Iterator[dict[str, Any]]:
 
 
 def abort(accepted: Accepted) -> None:
-    """Tell the worker to stop the request (the client went away, or gave up)."""
-    channels().flag(abort_flag(accepted.submitted.id), ttl=ABORT_TTL_SECONDS)
+    """Tell the worker to stop the request (the client went away, or gave up). Best effort:
+    with the broker down the flag cannot be raised, and the worker stops the request when
+    its listener flag lapses or its replies cannot be delivered."""
+    try:
+        channels().flag(abort_flag(accepted.submitted.id), ttl=ABORT_TTL_SECONDS)
+    except Exception as exc:
+        logger.warning("abort of %s not sent: %s", accepted.submitted.id, type(exc).__name__)
 
 
-def _pop(accepted: Accepted, timeout: float) -> dict[str, Any] | None:
-    if timeout <= 0:
-        return None
-    raw = channels().pop(reply_channel(accepted.submitted.id), timeout=timeout)
-    return None if raw is None else decode_reply(accepted.submitted, raw)
+def _listen(accepted: Accepted) -> None:
+    channels().flag(listener_flag(accepted.submitted.id), ttl=LISTEN_TTL_SECONDS)
+
+
+def _pop(accepted: Accepted, until: float, *, watch_worker: bool = False) -> dict[str, Any] | None:
+    """The next reply before `until` (monotonic), in waits of at most SLICE_SECONDS, each
+    after refreshing the listener flag; a lost worker's reply when `watch_worker` finds it
+    gone. None when the time is up."""
+    ch = channels()
+    last_check = time.monotonic()
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return None
+        _listen(accepted)
+        raw = ch.pop(reply_channel(accepted.submitted.id), timeout=min(left, SLICE_SECONDS))
+        if raw is not None:
+            return decode_reply(accepted.submitted, raw)
+        now = time.monotonic()
+        if watch_worker and accepted.worker and now - last_check >= WORKER_CHECK_SECONDS:
+            last_check = now
+            if not ch.flagged([feed_alive_flag(accepted.worker)]):
+                logger.warning(
+                    "interactive %s: worker %s stopped reporting",
+                    accepted.submitted.id,
+                    accepted.worker,
+                )
+                return {"kind": "error", "code": WORKER_LOST}

@@ -17,12 +17,12 @@ from django.conf import settings
 from django.db import transaction
 
 from batches.interactive.config import setting
-from batches.interactive.limits import Admission, admit
+from batches.interactive.limits import Admission, admission_tokens_take, slot_take
 from batches.interactive.messages import Submitted, headroom_gauge
 from batches.queue import EngineKey
 from billing.pricing import TokenPrices, gpu_charge, token_hold
 from billing.selectors import credit_for_org, revision_gpu_microseconds_per_token
-from billing.services import credit_hold, credit_settle
+from billing.services import credit_hold, credit_void
 from boardwalk.channels import channels
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import (
@@ -35,7 +35,8 @@ from boardwalk.errors import (
 from boardwalk.models import Organization
 from files.validation import rules
 from files.validation.report import ModelTarget
-from inference.chat_completions import max_output_tokens, prompt_ids
+from inference.chat_completions import max_output_tokens
+from inference.prompt_bounds import bounded_prompt_ids
 from inference.selectors import ModelNotUsable, ResolvedModel, model_resolve
 from inference.tokenization import TokenizerUnavailable, chat_tokenizer_for
 
@@ -43,7 +44,7 @@ SERVICE_TIERS = ("auto", "default", "flex")
 _INTERACTIVE_ONLY = ("stream", "stream_options", "service_tier")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Accepted:
     """A request that passed every check, with its slot and hold taken."""
 
@@ -52,6 +53,7 @@ class Accepted:
     admission: Admission
     include_usage: bool
     revision_id: str
+    worker: str = ""  # the feed that took it (its "taken" reply says), watched while it runs
 
 
 def _invalid(message: str, *, param: str | None = None, code: ErrorCode | None = None) -> Any:
@@ -102,9 +104,21 @@ def _resolve(org: Organization, body: dict[str, Any]) -> ResolvedModel:
             code=ErrorCode.MISSING_REQUIRED_PARAMETER if "add" in message else None,
         )
     try:
-        return model_resolve(org=org, name=name)
+        target = model_resolve(org=org, name=name, interactive=True)
     except ModelNotUsable as exc:
-        raise NotFound(exc.message, code=ErrorCode(exc.code), param="model") from exc
+        if exc.code in (ErrorCode.MODEL_NOT_FOUND, ErrorCode.MODEL_AMBIGUOUS):
+            raise NotFound(exc.message, code=ErrorCode(exc.code), param="model") from exc
+        # It exists but is not offered here (disabled, no interactive prices): retrying
+        # cannot help until an operator acts, so a 400 (x-should-retry: false).
+        raise _invalid(exc.message, param="model", code=ErrorCode(exc.code)) from exc
+    if body.get("service_tier") == "flex" and target.catalog and not target.batch_enabled:
+        # Flex pays the batch prices, and this model has none (docs/API.md).
+        raise _invalid(
+            f"service_tier 'flex' pays the batch prices and {name!r} is not offered for batch; "
+            "send service_tier 'default'.",
+            param="service_tier",
+        )
+    return target
 
 
 def _check_rules(body: dict[str, Any], target: ResolvedModel) -> tuple[int, int]:
@@ -121,12 +135,14 @@ def _check_rules(body: dict[str, Any], target: ResolvedModel) -> tuple[int, int]
     )
     if problems.total or counts is None:
         field, _, message = problems[0]
+        message = message.replace("body.", "")  # a row's field names, without the row
         raise InvalidRequest(
-            f"{message[0].upper()}{message[1:]}.".replace("body.", ""),
+            f"{message[0].upper()}{message[1:]}.",
             code=ErrorCode.INVALID_REQUEST,
             param=field.removeprefix("body."),
             details=[
-                {"field": f.removeprefix("body."), "code": c, "message": m} for f, c, m in problems
+                {"field": f.removeprefix("body."), "code": c, "message": m.replace("body.", "")}
+                for f, c, m in problems
             ],
         )
     return counts
@@ -138,11 +154,8 @@ def _prices(target: ResolvedModel, tier: str) -> list[int] | None:
         return None
     if tier == "flex":  # spare capacity, sold at the batch prices
         return [catalog.price_input, catalog.price_cached_input, catalog.price_output]
-    return [
-        catalog.price_input_interactive,
-        catalog.price_cached_input_interactive,
-        catalog.price_output_interactive,
-    ]
+    # Set: _resolve's model_resolve(interactive=True) refuses a model without them.
+    return list(target.interactive_prices or ())
 
 
 def _hold(target: ResolvedModel, prices: list[int] | None, *, prompt: int, most: int) -> int:
@@ -181,15 +194,6 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
             f"Model {target.name!r} is unavailable right now; retry later.",
             code=ErrorCode.MODEL_UNAVAILABLE,
         ) from exc
-    prompt = len(prompt_ids(tokenizer, body))
-    most = max_output_tokens(body) * n
-    if prompt + max_output_tokens(body) > target.revision.context_length:
-        raise _invalid(
-            f"The prompt ({prompt} tokens) plus max_completion_tokens ({max_tokens}) exceed the "
-            f"model's context of {target.revision.context_length} tokens; shorten either.",
-            param="messages",
-            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-        )
     key = EngineKey(target.revision.id, target.deployment.id if target.deployment else "")
     if tier == "flex" and not has_headroom(key):
         raise CapacityExceeded(
@@ -198,7 +202,28 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
             code=ErrorCode.RESOURCE_UNAVAILABLE,
             retry_after=setting("INTERACTIVE_FLEX_RETRY_AFTER"),
         )
-    admission = admit(org_id=org.id, tokens=prompt + most)
+    # The slot first: counting a prompt is the web tier's costliest work, and an
+    # organization's requests in flight bound how much of it runs at once.
+    admission = slot_take(org_id=org.id)
+    try:
+        most = max_output_tokens(body) * n
+        context = target.revision.context_length
+        # A prompt that surely exceeds the context is refused without being tokenized
+        # (inference.prompt_bounds), as an upload's line is.
+        ids = bounded_prompt_ids(tokenizer, body, context_length=context)
+        prompt = context + 1 if ids is None else len(ids)
+        if prompt + max_output_tokens(body) > context:
+            counted = "more than the context" if ids is None else f"{prompt} tokens"
+            raise _invalid(
+                f"The prompt ({counted}) plus max_completion_tokens ({max_tokens}) exceed the "
+                f"model's context of {context} tokens; shorten either.",
+                param="messages",
+                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            )
+        admission_tokens_take(admission, tokens=prompt + most)
+    except BaseException:
+        admission.release()
+        raise
     request_id = "req_" + secrets.token_hex(12)
     prices = _prices(target, tier)
     try:
@@ -230,14 +255,14 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
     return Accepted(submitted, key, admission, include_usage, target.revision.id)
 
 
-def interactive_abandon(accepted: Accepted) -> None:
-    """No worker ran it: give the hold back (a worker that took it after all settles it
-    under the same keys, so nothing is counted twice)."""
-    credit_settle(
+def interactive_void(accepted: Accepted) -> int:
+    """The request was answered with an error: it costs nothing. Its hold goes back and its
+    charge is settled at 0 under the ledger's key, so a worker that ran it after all charges
+    nothing; a charge a worker made before the error answer is refunded (returned, µUSD)."""
+    return credit_void(
         org_id=accepted.submitted.org_id,
         batch_id=accepted.submitted.id,
-        charge_microusd=0,
         revision_id=accepted.revision_id,
         deployment_id=accepted.key.deployment_id,
-        usage_class="interactive",
+        memo="answered with an error",
     )

@@ -2,9 +2,12 @@
 
 The same path as a batch row: usage facts (billing.metering, class "interactive") and the
 credit ledger (billing.services.credit_settle: the hold taken at acceptance released, the
-charge appended). Catalog requests pay their tokens at the prices fixed at acceptance when
-they succeed; deployment requests pay their engine time (their share of each step) whatever
-the outcome, as batch rows do (SPEC §8).
+charge appended). A request that succeeded, or was cut short because its client went away
+(a closed stream, a web process or broker that failed under it), pays its prompt and the
+tokens generated until it stopped, as OpenAI bills a cancelled stream: catalog requests at
+the prices fixed at acceptance, deployment requests their engine time (their share of each
+step). A request that ended in an error pays nothing (docs/BILLING.md, "Interactive
+requests"); the web tier voids the ones it answered with an error (service.interactive_void).
 """
 
 from __future__ import annotations
@@ -29,10 +32,9 @@ def event_item_id(request_id: str) -> int:
 
 
 def interactive_charge(submitted: Submitted, result: GenerationResult) -> int:
-    succeeded = not result.aborted and not result.error
+    if result.error and not result.aborted:
+        return 0
     if submitted.prices is not None:
-        if not succeeded:
-            return 0
         return token_charge(
             TokenPrices(*submitted.prices),
             prompt=result.prompt_tokens,
@@ -47,8 +49,8 @@ def interactive_charge(submitted: Submitted, result: GenerationResult) -> int:
 
 def interactive_settle(submitted: Submitted, result: GenerationResult, *, revision_id: str) -> int:
     """Record the request's usage and charge; returns the charge in µUSD."""
-    succeeded = not result.aborted and not result.error
-    outcome: Outcome = "succeeded" if succeeded else ("released" if result.aborted else "failed")
+    outcome: Outcome = "cut" if result.aborted else ("failed" if result.error else "succeeded")
+    counted = outcome != "failed"
     charge = interactive_charge(submitted, result)
     with transaction.atomic():
         usage_record(
@@ -62,8 +64,8 @@ def interactive_settle(submitted: Submitted, result: GenerationResult, *, revisi
                     deployment_id=submitted.deployment_id,
                     outcome=outcome,
                     prompt_tokens=result.prompt_tokens,
-                    cached_tokens=result.cached_tokens if succeeded else 0,
-                    completion_tokens=result.completion_tokens if succeeded else 0,
+                    cached_tokens=result.cached_tokens if counted else 0,
+                    completion_tokens=result.completion_tokens if counted else 0,
                     gpu_microseconds=seconds_to_microseconds(result.busy_seconds),
                     usage_class="interactive",
                 )

@@ -1,7 +1,14 @@
-"""`POST /v1/chat/completions`: thin; the rules are in service, the transport in relay."""
+"""`POST /v1/chat/completions`: thin; the rules are in service, the transport in relay.
+
+Money at the edges (docs/BILLING.md, "Interactive requests"): every path that answers an
+error (a status, or a stream's error event) voids the request (service.interactive_void), so
+it is never charged; a stream cut short (the client closed it, the broker failed under it)
+is stopped and pays its prompt and the tokens generated until then.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,12 +19,14 @@ from rest_framework.views import APIView
 
 from batches.interactive import relay, schemas
 from batches.interactive.feed import completion_id
-from batches.interactive.service import Accepted, interactive_abandon, interactive_accept
+from batches.interactive.service import Accepted, interactive_accept, interactive_void
 from batches.interactive.streaming import Chunks, event
 from boardwalk.auth import WRITE
 from boardwalk.codes import ErrorCode, ItemCode
 from boardwalk.errors import BoardwalkError, InvalidRequest, ServiceUnavailable
 from boardwalk.http import openapi as oa
+
+logger = logging.getLogger(__name__)
 
 
 class EngineFailed(BoardwalkError):
@@ -37,6 +46,8 @@ def reply_error(code: str) -> BoardwalkError:
         return InvalidRequest("The engine refused this request as invalid.")
     if code in ("timeout", "aborted"):
         return ServiceUnavailable("The request did not finish in time; retry it.")
+    if code == relay.WORKER_LOST:
+        return ServiceUnavailable("The worker running this request stopped; retry it.")
     return EngineFailed("The engine failed on this request; retry it.")
 
 
@@ -60,28 +71,26 @@ class ChatCompletionsView(APIView):
             try:
                 refused = relay.wait_taken(accepted)
             except relay.NotTaken:
-                interactive_abandon(accepted)
                 raise ServiceUnavailable(
                     "No worker could take this request in time; retry shortly.",
                     code=ErrorCode.SERVICE_UNAVAILABLE,
                 ) from None
             if refused is not None:
                 raise reply_error(refused.get("code", ""))
+            if not accepted.submitted.stream:
+                response: Any = _complete(accepted)
         except BaseException:
-            accepted.admission.release()
+            _answered_with_error(accepted)
             raise
-        response: Any
+        finally:
+            if not accepted.submitted.stream:
+                accepted.admission.release()
         if accepted.submitted.stream:
             response = StreamingHttpResponse(
                 _stream(accepted), content_type="text/event-stream; charset=utf-8"
             )
             response["Cache-Control"] = "no-cache"
             response["X-Accel-Buffering"] = "no"  # a proxy must not hold the events back
-        else:
-            try:
-                response = _complete(accepted)
-            finally:
-                accepted.admission.release()
         for name, value in accepted.admission.headers.items():
             response[name] = value
         return response
@@ -111,19 +120,43 @@ def _stream(accepted: Accepted) -> Iterator[bytes]:
     finished = False
     try:
         yield from chunks.opening()
-        for message in relay.replies(accepted):
-            kind = message["kind"]
-            if kind == "delta":
-                yield from chunks.partial(message["index"], message["text"])
-            elif kind == "result":
-                finished = True
-                yield from chunks.closing(message["body"])
-            elif kind == "error":
-                finished = True
-                error = reply_error(message.get("code", ""))
-                yield event(error.envelope())
+        try:
+            for message in relay.replies(accepted):
+                kind = message["kind"]
+                if kind == "delta":
+                    yield from chunks.partial(message["index"], message["text"])
+                elif kind == "result":
+                    finished = True
+                    yield from chunks.closing(message["body"])
+                elif kind == "error":
+                    finished = True
+                    _answered_with_error(accepted)
+                    error = reply_error(message.get("code", ""))
+                    yield event(error.envelope())
+        except Exception as exc:
+            # The broker failed under the stream: the request is cut (the worker stops it
+            # once its replies cannot be delivered or its listener flag lapses) and pays what
+            # it generated. The client is told why its stream ends here.
+            logger.warning("stream of %s cut: %s", accepted.submitted.id, type(exc).__name__)
+            yield event(
+                ServiceUnavailable(
+                    "The connection to the workers broke; the stream ends here.",
+                    code=ErrorCode.BACKEND_UNAVAILABLE,
+                ).envelope()
+            )
     finally:
         # Closed before its end: the client went away, so the engine frees its rows.
         if not finished:
             relay.abort(accepted)
         accepted.admission.release()
+
+
+def _answered_with_error(accepted: Accepted) -> None:
+    """An error answer: stop the request if it runs, and void its charge (never billed)."""
+    relay.abort(accepted)
+    try:
+        interactive_void(accepted)
+    except Exception as exc:
+        # The database is down too: the orphan sweep releases the hold once it can, and a
+        # worker that ran the request settles it as it ended.
+        logger.error("interactive %s not voided: %s", accepted.submitted.id, type(exc).__name__)

@@ -119,7 +119,8 @@ def _result(
         id=request.id,
         choices=choices,
         prompt_tokens=len(request.prompt_ids),
-        completion_tokens=made * request.params.n if choices else 0,
+        # An aborted request reports what it generated before it stopped (it is billed).
+        completion_tokens=0 if error else made * request.params.n,
         cached_tokens=0,
         busy_seconds=busy,
         aborted=aborted,

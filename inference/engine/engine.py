@@ -89,9 +89,11 @@ class Engine:
         prefix_cache: bool = True,
         processor: Any = None,
         interactive_step_seconds: float = DEFAULT_INTERACTIVE_STEP_SECONDS,
+        ranks_check: Callable[[], None] | None = None,
     ) -> None:
         """`interactive_step_seconds`: the step time kept while interactive requests are in
-        flight, by holding back batch work (pacing.py; 0 turns it off)."""
+        flight, by holding back batch work (pacing.py; 0 turns it off). `ranks_check`: on
+        tensor-parallel ranks, whether every rank is still there (lockstep.ranks_check)."""
         self._runner = ModelRunner(
             model,
             tokenizer,
@@ -101,6 +103,7 @@ class Engine:
             kv_cache_bytes=kv_cache_bytes,
             max_num_blocks=max_num_blocks,
             processor=processor,
+            ranks_check=ranks_check,
         )
         self.model = model
         self.tokenizer = tokenizer
@@ -501,7 +504,7 @@ def _empty_result(
         id=request.request.id,
         choices=[],
         prompt_tokens=len(request.prompt),
-        completion_tokens=0,
+        completion_tokens=request.generated if aborted else 0,
         cached_tokens=request.cached_tokens,
         busy_seconds=request.busy,
         aborted=aborted,

@@ -186,16 +186,22 @@ class Scheduler:
         for seq in self.running:
             if seq.owner.request.id in ids and seq.owner not in owners:
                 owners.append(seq.owner)
-        self.drop(owners)
+        self.drop(owners, counted=True)
         for request in [r for r in self.waiting if r.request.id in ids]:
             self.waiting.remove(request)
+            request.generated = _generated(request, request.parked)
             owners.append(request)
         return owners
 
-    def drop(self, owners: list[Request]) -> None:
-        """Take every sequence of these requests out of flight, releasing their blocks."""
+    def drop(self, owners: list[Request], *, counted: bool = False) -> None:
+        """Take every sequence of these requests out of flight, releasing their blocks;
+        `counted`: first note on each the tokens it had generated (Request.generated)."""
         if not owners:
             return
+        if counted:
+            for owner in owners:
+                own = [s for s in self.running if s.owner is owner]
+                owner.generated = _generated(owner, own + owner.parked)
         keep = []
         for seq in self.running:
             if seq.owner in owners:
@@ -510,3 +516,10 @@ def _paced(decoding: list[Sequence], batch_rows: int) -> list[Sequence]:
 
 def _queue_key(request: Request) -> tuple[int, bool, int]:
     return -request.priority, request.order == 0, request.order
+
+
+def _generated(owner: Request, sequences: list[Sequence]) -> int:
+    """Tokens a request's choices generated: those that ended and those still in `sequences`."""
+    return sum(len(c.token_ids) for c in owner.choices.values()) + sum(
+        len(s.tokens) for s in sequences
+    )

@@ -28,6 +28,8 @@ class Request:
     # Its sequences while an interactive request holds its rows: blocks given back, tokens
     # and sampling state kept, computed again once it is admitted again.
     parked: list[Sequence] = field(default_factory=list)
+    # Tokens its choices had generated when it was aborted: what a cut request is billed for.
+    generated: int = 0
 
     def __post_init__(self) -> None:
         self.forked = self.forked or self.request.params.n == 1  # one choice: nothing to fork

@@ -1,17 +1,23 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
+import httpx2
 import pytest
+from openai import OpenAI
 
 from batches.execution import serve_key
 from batches.lifecycle import batch_finalize
 from batches.models import Batch
 from batches.queue import EngineKey
 from batches.tasks import engine_wake
+from inference import runtime
+from inference.demo.fake_engine import FakeEngine
+from inference.engine.types import GenerationResult
+from inference.models import CatalogModel
 from project.worker_runtime import WorkerRuntime
-from tests.conftest import Api, jsonl, request_line
+from tests.conftest import Api, Tenant, jsonl, request_line
 
 
 @pytest.fixture(autouse=True)
@@ -63,3 +69,55 @@ def wakes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     sent: list[tuple[Any, ...]] = []
     monkeypatch.setattr(engine_wake, "send", lambda *args: sent.append(args))
     return sent
+
+
+@pytest.fixture
+def sdk(live_server: Any, tenant: Tenant) -> Iterator[OpenAI]:
+    """The official SDK on the live server, as the tenant, strict and without retries."""
+    client = OpenAI(
+        base_url=f"{live_server.url}/v1",
+        api_key=tenant.write_key,
+        _strict_response_validation=True,
+        http_client=httpx2.Client(),
+        max_retries=0,
+    )
+    yield client
+    client.close()
+
+
+class RecordingFake(FakeEngine):
+    """The fake engine, recording the ids it was told to abort and the rows it freed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.told: set[str] = set()
+        self.freed: list[str] = []
+
+    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
+        def asked() -> Collection[str]:
+            ids = set(aborted()) if aborted is not None else set()
+            self.told |= ids
+            return ids
+
+        for result in super().generate(requests, aborted=asked):
+            if isinstance(result, GenerationResult) and result.aborted:
+                self.freed.append(result.id)
+            yield result
+
+
+@pytest.fixture
+def fake_engine(catalog_model: CatalogModel) -> Iterator[RecordingFake]:
+    """The catalog model's engine in this process replaced by a fake stepping every 20 ms
+    (one token a step), so a request's length is its time."""
+    revision = catalog_model.revision
+    real = runtime.engine_for(revision)
+    fake = RecordingFake(
+        real.tokenizer,
+        context_length=revision.context_length,
+        max_batch_size=4,
+        step_seconds=0.02,
+        abort_poll_seconds=0.04,
+    )
+    runtime._engines[revision.id] = fake
+    yield fake
+    runtime._engines[revision.id] = real

@@ -14,7 +14,16 @@ import pytest
 
 from batches.interactive import feed as feed_module
 from batches.interactive.feed import InteractiveFeed
-from batches.interactive.messages import Submitted, request_channel, requests_waiting
+from batches.interactive.messages import (
+    WANTED_GAUGE,
+    Submitted,
+    abort_flag,
+    feed_alive_flag,
+    listener_flag,
+    request_channel,
+    requests_waiting,
+    wanted_field,
+)
 from batches.queue import EngineKey
 from boardwalk.channels import channels
 from inference.engine.types import GenerationRequest
@@ -49,7 +58,8 @@ def feed(key: EngineKey, taken: list[GenerationRequest], settings) -> Iterator[I
     feed.stop()
 
 
-def _send(key: EngineKey) -> Submitted:
+def _send(key: EngineKey, *, listening: bool = True) -> Submitted:
+    """Push a request as the web tier does (relay.dispatch), its listener flag raised."""
     submitted = Submitted(
         id=f"req_{uuid.uuid4().hex}",
         org_id="org_feed",
@@ -62,8 +72,19 @@ def _send(key: EngineKey) -> Submitted:
         stream=False,
         deadline=time.time() + 30,
     )
+    if listening:
+        channels().flag(listener_flag(submitted.id), ttl=30)
     channels().push(request_channel(key), submitted.encode(), ttl=30)
     return submitted
+
+
+def _until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def test_a_request_popped_while_the_run_decides_to_end_keeps_the_run(
@@ -108,3 +129,129 @@ def test_once_the_run_ends_the_feed_leaves_requests_for_the_next(
     assert not feed._thread.is_alive()
     assert taken == []
     assert requests_waiting(key)  # still there for the next run's feed
+
+
+def test_an_empty_message_is_refused_and_the_feed_takes_the_next_request(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    feed.start()
+    channels().push(request_channel(key), b"{}", ttl=30)  # no envelope at all
+    submitted = _send(key)
+
+    assert _until(lambda: taken)
+    assert [r.id for r in taken] == [submitted.generation_id]
+    assert feed._thread.is_alive()
+
+
+def test_a_replayed_request_message_runs_once(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    submitted = _send(key)
+    raw = submitted.encode()
+    feed.start()
+    assert _until(lambda: taken)
+    channels().push(request_channel(key), raw, ttl=30)  # the same sealed message again
+    assert _until(lambda: not requests_waiting(key))
+    time.sleep(0.3)  # a second take would follow the pop at once
+
+    assert [r.id for r in taken] == [submitted.generation_id]
+    assert feed.taken == 1
+
+
+def test_a_request_nobody_listens_to_is_not_taken(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    feed.start()
+    _send(key, listening=False)  # its web process died before the worker popped it
+    assert _until(lambda: not requests_waiting(key))
+    time.sleep(0.3)
+
+    assert taken == []
+
+
+class FlakyChannels:
+    """The process's channels, failing every call while `down` is set (a broker outage)."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+        self.down = threading.Event()
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self.real, name)
+
+        def call(*args, **kwargs):
+            if self.down.is_set():
+                raise ConnectionError("broker down")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def test_the_feed_survives_a_broker_outage_and_takes_requests_after_it(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    flaky = FlakyChannels(feed.channels)
+    feed.channels = flaky  # type: ignore[assignment]
+    flaky.down.set()
+    feed.start()
+    time.sleep(1.0)  # several failed pops and reports
+    assert feed._thread.is_alive()
+    flaky.down.clear()
+    submitted = _send(key)
+
+    assert _until(lambda: taken, seconds=5)  # back within its longest pause (2 s)
+    assert [r.id for r in taken] == [submitted.generation_id]
+    assert channels().flagged([feed_alive_flag(feed.reporter)])
+
+
+def test_a_request_is_aborted_when_its_flag_rises_or_its_listener_lapses(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    feed.start()
+    closed, crashed, alive = _send(key), _send(key), _send(key)
+    assert _until(lambda: len(taken) == 3)
+
+    channels().flag(abort_flag(closed.id), ttl=30)  # its client closed the stream
+    channels().flag(listener_flag(crashed.id), ttl=0.001)  # its web process died
+    channels().flag(listener_flag(alive.id), ttl=30)
+
+    assert _until(lambda: len(feed.aborted()) == 2, seconds=5)
+    assert feed.aborted() == {closed.generation_id, crashed.generation_id}
+
+
+def test_a_request_whose_reply_cannot_be_delivered_is_aborted_at_once(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    from inference.engine.types import PartialResult
+
+    feed.start()
+    submitted = _send(key)
+    assert _until(lambda: taken)
+    streamed = Submitted(**{**submitted.__dict__, "stream": True})
+    with feed._lock:
+        feed._inflight[submitted.generation_id] = streamed
+    flaky = FlakyChannels(feed.channels)
+    feed.channels = flaky  # type: ignore[assignment]
+    flaky.down.set()
+
+    feed.partial(PartialResult(submitted.generation_id, 0, "text"))
+
+    assert submitted.generation_id in feed.aborted()
+    flaky.down.clear()
+
+
+def test_lingering_gives_the_worker_up_to_another_models_waiting_request(
+    feed: InteractiveFeed, key: EngineKey, settings
+):
+    settings.INTERACTIVE_LINGER_SECONDS = 60.0
+    feed._last = time.monotonic()  # it served a request a moment ago
+    other = EngineKey(f"rev_other{uuid.uuid4().hex[:8]}", "")
+    try:
+        assert feed.lingering() is True  # nothing else wants the worker: it keeps the engine
+
+        channels().gauge(WANTED_GAUGE, wanted_field(other), 1, ttl=30)
+        _send(other)  # another model's request waits, popped by nobody
+
+        assert feed.lingering() is False
+    finally:
+        channels().delete(request_channel(other))

@@ -16,6 +16,7 @@ from django.test import Client
 from openai import OpenAI
 
 from billing.models import LedgerEntry, UsageEvent
+from billing.pricing import TokenPrices, token_charge
 from billing.selectors import credit_for_org
 from boardwalk.channels import channels
 from boardwalk.metrics import labels_text
@@ -51,16 +52,8 @@ def priced(catalog_model):
 
 
 @pytest.fixture
-def client(live_server, tenant: Tenant) -> Iterator[OpenAI]:
-    sdk = OpenAI(
-        base_url=f"{live_server.url}/v1",
-        api_key=tenant.write_key,
-        _strict_response_validation=True,
-        http_client=httpx2.Client(),
-        max_retries=0,
-    )
-    yield sdk
-    sdk.close()
+def client(sdk: OpenAI) -> OpenAI:
+    return sdk
 
 
 def _charged(tenant: Tenant) -> int:
@@ -224,42 +217,6 @@ def test_concurrency_limit_is_429_with_ratelimit_headers(client, priced, tenant,
     assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
 
 
-class RecordingFake(FakeEngine):
-    """The fake engine, recording the ids it was told to abort and the rows it freed."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.told: set[str] = set()
-        self.freed: list[str] = []
-
-    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
-        def asked() -> Collection[str]:
-            ids = set(aborted()) if aborted is not None else set()
-            self.told |= ids
-            return ids
-
-        for result in super().generate(requests, aborted=asked):
-            if isinstance(result, GenerationResult) and result.aborted:
-                self.freed.append(result.id)
-            yield result
-
-
-@pytest.fixture
-def fake_engine(priced) -> Iterator[RecordingFake]:
-    revision = priced.revision
-    real = runtime.engine_for(revision)
-    fake = RecordingFake(
-        real.tokenizer,
-        context_length=revision.context_length,
-        max_batch_size=4,
-        step_seconds=0.02,
-        abort_poll_seconds=0.04,
-    )
-    runtime._engines[revision.id] = fake
-    yield fake
-    runtime._engines[revision.id] = real
-
-
 def test_partial_text_streams_in_deltas_that_make_the_final_text(
     client, fake_engine, in_process_worker
 ):
@@ -295,11 +252,23 @@ def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
         time.sleep(0.05)
     assert generation_id in fake_engine.told  # the engine was given its id in aborted()
     assert fake_engine.freed == [generation_id]  # and freed its rows before its 400 tokens
-    settled = LedgerEntry.objects.filter(batch_id=generation_id.removeprefix("ia:"))
+    request_id = generation_id.removeprefix("ia:")
+    settled = LedgerEntry.objects.filter(batch_id=request_id)
     while not settled.filter(kind="release").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not settled.filter(kind="charge").exists()  # an aborted catalog request costs nothing
-    assert credit_for_org(org_id=tenant.org.id) == before
+    # A cut stream pays its prompt and the tokens generated before it stopped, as OpenAI
+    # bills a cancelled stream: more than the 2 text chunks it received, far fewer than 400.
+    usage = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=request_id)}
+    assert 2 <= usage["output_tokens"] < 400
+    expected = token_charge(
+        TokenPrices(*INTERACTIVE_PRICES),
+        prompt=usage["input_tokens"],
+        cached=0,
+        completion=usage["output_tokens"],
+    )
+    assert [e.amount_microusd for e in settled.filter(kind="charge")] == [expected]
+    after = credit_for_org(org_id=tenant.org.id)
+    assert (after.balance, after.held) == (before.balance - expected, before.held)
 
 
 class UrgentRecordingFake(FakeEngine):

@@ -1,0 +1,118 @@
+"""Interactive availability: a worker lingering on one model gives itself up to another
+model's waiting request, and a prompt's cost to the web tier is bounded (the org's slot is
+taken before it is counted, and a prompt surely over the context is never tokenized)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from batches.interactive import service
+from billing.models import LedgerEntry
+from inference.prompt_bounds import prompt_char_limit
+from inference.services import catalog_model_create, revision_create
+from inference.tokenization import chat_tokenizer_for
+from tests.conftest import INTERACTIVE_PRICES, PRICES, demo_revision_fields
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture
+def second_model(catalog_model, tiny_model_dir: Path):
+    """Another model (its own revision, so its own engine key) a worker can serve."""
+    revision = revision_create(**demo_revision_fields(tiny_model_dir, "tiny"))
+    return catalog_model_create(
+        name="boardwalk/tiny-chat-2",
+        revision=revision,
+        prices=PRICES,
+        interactive_prices=INTERACTIVE_PRICES,
+    )
+
+
+def test_a_second_model_is_served_while_the_worker_lingers_on_the_first(
+    sdk, catalog_model, second_model, in_process_worker, settings
+):
+    # One engine thread; the first model's run would linger longer than the second's
+    # request waits for a worker (it answered 503 after its queue wait, every time).
+    settings.INTERACTIVE_LINGER_SECONDS = 8.0
+    settings.INTERACTIVE_QUEUE_SECONDS = 6.0
+    first = sdk.chat.completions.create(
+        model=catalog_model.name, messages=MESSAGES, max_completion_tokens=4
+    )
+    second = sdk.chat.completions.create(
+        model=second_model.name, messages=MESSAGES, max_completion_tokens=4
+    )
+
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert second.model == second_model.name
+    assert second.system_fingerprint == second_model.revision_id
+    assert second.usage.completion_tokens > 0
+
+
+class Spy:
+    """Delegates to the real function and records that it ran."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+class CountingBackend:
+    """A tokenizer backend that counts its encodes (and delegates everything)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.encodes = real, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        self.encodes += 1
+        return self.real.encode(*args, **kwargs)
+
+
+def test_a_prompt_surely_over_the_context_is_refused_without_being_tokenized(
+    sdk, catalog_model, tenant, monkeypatch
+):
+    tokenizer = chat_tokenizer_for(catalog_model.revision)
+    # The bound is found once per tokenizer, on its real backend, before the count starts.
+    assert prompt_char_limit(tokenizer, catalog_model.revision.context_length) is not None
+    counting = CountingBackend(tokenizer.backend)
+    monkeypatch.setattr(tokenizer, "backend", counting)
+    huge = [{"role": "user", "content": "word " * 180_000}]  # 900 KB
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model=catalog_model.name, messages=huge, max_completion_tokens=4
+        )
+
+    assert refused.value.code == "context_length_exceeded"
+    assert counting.encodes == 0
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
+
+
+def test_an_org_at_its_concurrency_limit_is_refused_before_its_prompt_is_counted(
+    sdk, catalog_model, tenant, settings, monkeypatch
+):
+    settings.INTERACTIVE_MAX_CONCURRENT = 0
+    spy = Spy(service.bounded_prompt_ids)
+    monkeypatch.setattr(service, "bounded_prompt_ids", spy)
+
+    with pytest.raises(openai.RateLimitError) as limited:
+        sdk.chat.completions.create(
+            model=catalog_model.name,
+            messages=[{"role": "user", "content": "word " * 180_000}],
+            max_completion_tokens=4,
+        )
+
+    assert limited.value.code == "rate_limit_exceeded"
+    assert spy.calls == 0
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
