@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jinja2.exceptions import TemplateError
+
 from inference.engine.families import context_length_of, kv_heads_of, refusal, text_config
 from inference.engine.parallel import device_refusal, tensor_parallel_refusal
 from inference.engine.quantization import (
@@ -23,17 +25,37 @@ from inference.engine.quantization import (
     quantization_refusal,
 )
 from inference.media_layout import LayoutUnavailable, json_object, media_layout
-from inference.tokenization import ChatTokenizer, TokenizerUnavailable
+from inference.tokenization import ChatTokenizer, RenderLimitExceeded, TokenizerUnavailable
 
 # Bytes per element of the dtypes safetensors and configs name.
 _ELEMENT_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
     "float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2,
 }  # fmt: skip
 _DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _PICKLED_WEIGHTS = ("*.bin", "*.pt", "*.pth")
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+# Sizes past these are a broken or hostile config, not a model: the largest served today
+# have ~130 layers, hidden sizes of ~16k, vocabularies of ~260k, contexts of ~10M tokens.
+MAX_CONTEXT_LENGTH = 1 << 24
+_CONFIG_BOUNDS = {
+    "num_hidden_layers": 1024, "n_layer": 1024,
+    "hidden_size": 1 << 17, "n_embd": 1 << 17, "intermediate_size": 1 << 20,
+    "num_attention_heads": 1 << 12, "n_head": 1 << 12, "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12, "vocab_size": 1 << 24,
+    "max_position_embeddings": MAX_CONTEXT_LENGTH, "n_positions": MAX_CONTEXT_LENGTH,
+    "max_sequence_length": MAX_CONTEXT_LENGTH, "seq_length": MAX_CONTEXT_LENGTH,
+}  # fmt: skip
+# A tensor dimension past this is no weight (2^40 elements of one byte is a terabyte).
+_MAX_DIMENSION = 1 << 40
+# The conversation `inspect` renders with the chat template, under render's bounds.
+_PROBE = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Hello!"},
+    {"role": "assistant", "content": "Hello, how can I help?"},
+    {"role": "user", "content": "Say hello again."},
+]
 
 
 class InspectionRefused(Exception):
@@ -90,6 +112,7 @@ def model_inspect(
     directory = directory.resolve()
     config = _json(directory / "config.json", required=True)
     model_type = str(config.get("model_type") or "")
+    _check_sizes(config)
     native = context_length_of(config)
     if context_length is None:
         if native is None:
@@ -113,13 +136,14 @@ def model_inspect(
         reason = "quantized weights are served with tensor_parallel_size 1"
     if reason:
         raise InspectionRefused(reason)
-    parameters, weight_bytes, stored_dtype = _weights(directory)
+    parameters, weight_bytes, stored_dtype, ignored = _weights(directory)
     chosen_dtype = dtype or "auto"
     if chosen_dtype != "auto" and chosen_dtype.lower() not in _ELEMENT_BYTES:
         raise InspectionRefused(
             f"unknown dtype {chosen_dtype!r}; use auto, bfloat16, float16 or float32"
         )
     tokenizer = _tokenizer(directory)
+    _probe_template(tokenizer)
     layout = _media_layout(directory)
     modalities = ["text", *([layout.modality] if layout else [])]
     if tensor_parallel_size > 1 and layout:
@@ -139,10 +163,11 @@ def model_inspect(
         kv_bytes_per_token=kv_bytes,
         modalities=modalities,
         tool_call_format="hermes" if "<tool_call>" in tokenizer.chat_template else "",
-        eos_token_ids=_eos_ids(directory, config),
+        eos_token_ids=_eos_ids(directory, config, tokenizer),
         quantization=quantization,
         tensor_parallel_size=tensor_parallel_size,
-        notes=_notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
+        notes=ignored
+        + _notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
     )
 
 
@@ -166,11 +191,32 @@ def _json(path: Path, *, required: bool = False) -> dict[str, Any]:
         raise InspectionRefused(f"{exc} (it must be a JSON object)") from exc
 
 
-def _weights(directory: Path) -> tuple[int, int, str]:
-    """(parameters, bytes, stored dtype) from the safetensors headers."""
+def _check_sizes(config: dict[str, Any]) -> None:
+    """Refuse sizes no model has (a context of 2^62, -5 layers): they are a broken config,
+    and would reach the engine's arithmetic and the revision's fields."""
+    text = text_config(config)
+    for key, bound in _CONFIG_BOUNDS.items():
+        value = text.get(key)
+        if value is None:
+            continue
+        if not _is_int(value) or not 0 < value <= bound:
+            raise InspectionRefused(
+                f"config.json's {key} is {value!r}: it must be a whole number from 1 to {bound}"
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _weights(directory: Path) -> tuple[int, int, str, list[str]]:
+    """(parameters, bytes, stored dtype, notes on files not loaded) from the safetensors
+    headers, each checked against its file: a header whose tensors do not add up to the
+    file (truncated, or shapes that are no weights) is refused here, not at load."""
     files = sorted(directory.glob("*.safetensors"))
+    pickled = sorted(path.name for pattern in _PICKLED_WEIGHTS for path in directory.glob(pattern))
     if not files:
-        if any(next(directory.glob(pattern), None) for pattern in _PICKLED_WEIGHTS):
+        if pickled:
             raise InspectionRefused(
                 "the weights are pickled (.bin/.pt), which the engine does not load; "
                 "convert them to safetensors"
@@ -179,32 +225,80 @@ def _weights(directory: Path) -> tuple[int, int, str]:
     parameters = weight_bytes = 0
     dtypes: dict[str, int] = {}
     for file in files:
-        for name, tensor in _safetensors_header(file).items():
+        header, data_bytes = _safetensors_header(file)
+        covered = 0
+        for name, tensor in header.items():
             if name == "__metadata__":
                 continue
-            count = 1
-            for dim in tensor["shape"]:
-                count *= int(dim)
+            count, size = _tensor_size(file, name, tensor, data_bytes)
             parameters += count
-            start, end = tensor["data_offsets"]
-            weight_bytes += int(end) - int(start)
+            weight_bytes += size
+            covered = max(covered, int(tensor["data_offsets"][1]))
             dtypes[tensor["dtype"]] = dtypes.get(tensor["dtype"], 0) + count
+        if covered != data_bytes:
+            raise InspectionRefused(
+                f"{file.name} is truncated or padded: its header describes {covered} bytes of "
+                f"tensors and the file holds {data_bytes} (download it again)"
+            )
     stored = max(dtypes, key=lambda d: dtypes[d]) if dtypes else "F32"
-    return parameters, weight_bytes, _DTYPE_NAMES.get(stored, stored)
+    notes = (
+        [f"ignored: {', '.join(pickled)} (pickled weights are never loaded, only *.safetensors)"]
+        if pickled
+        else []
+    )
+    return parameters, weight_bytes, _DTYPE_NAMES.get(stored, stored), notes
 
 
-def _safetensors_header(file: Path) -> dict[str, Any]:
+def _tensor_size(file: Path, name: str, tensor: Any, data_bytes: int) -> tuple[int, int]:
+    """(elements, bytes) of one header entry, refused unless its shape, dtype and offsets
+    describe bytes inside the file that its shape fills exactly."""
+    refused = InspectionRefused(f"{file.name}: tensor {name!r} has an impossible header entry")
+    if not isinstance(tensor, dict):
+        raise refused
+    shape, offsets, dtype = tensor.get("shape"), tensor.get("data_offsets"), tensor.get("dtype")
+    ends = offsets[1] if isinstance(offsets, list) and len(offsets) == 2 else None
+    if isinstance(ends, int) and ends > data_bytes:
+        raise InspectionRefused(
+            f"{file.name} is truncated: tensor {name!r} ends at byte {ends} of the data and "
+            f"the file holds {data_bytes} (download it again)"
+        )
+    if not (
+        isinstance(shape, list)
+        and all(_is_int(d) and 0 <= d <= _MAX_DIMENSION for d in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(_is_int(o) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+        and isinstance(dtype, str)
+    ):
+        raise refused
+    count = 1
+    for dim in shape:
+        count *= dim
+    size = offsets[1] - offsets[0]
+    element = _ELEMENT_BYTES.get(dtype)
+    if element is not None and count * element != size:
+        raise InspectionRefused(
+            f"{file.name}: tensor {name!r} of shape {shape} ({dtype}) would take "
+            f"{count * element} bytes and its offsets give {size}"
+        )
+    return count, size
+
+
+def _safetensors_header(file: Path) -> tuple[dict[str, Any], int]:
+    """The header and how many bytes of tensor data follow it."""
     try:
         with file.open("rb") as handle:
             (size,) = struct.unpack("<Q", handle.read(8))
             if size > MAX_HEADER_BYTES:
                 raise ValueError("header too large")
             header = json.loads(handle.read(size))
+        data_bytes = file.stat().st_size - 8 - size
     except (OSError, ValueError, struct.error) as exc:
         raise InspectionRefused(f"{file.name} is not a readable safetensors file") from exc
-    if not isinstance(header, dict):
+    if not isinstance(header, dict) or data_bytes < 0:
         raise InspectionRefused(f"{file.name} is not a readable safetensors file")
-    return header
+    return header, data_bytes
 
 
 def _tokenizer(directory: Path) -> ChatTokenizer:
@@ -242,12 +336,46 @@ def _kv_bytes_per_token(config: dict[str, Any], dtype: str, stored: str) -> int:
     return layers * kv_heads_of(config) * head_dim * 2 * _ELEMENT_BYTES.get(name, 2)
 
 
-def _eos_ids(directory: Path, config: dict[str, Any]) -> list[int]:
+def _probe_template(tokenizer: ChatTokenizer) -> None:
+    """Render a short conversation as requests will be, under the bounds every request's
+    rendering has (inference.tokenization): a template that loops for minutes, builds huge
+    strings or fails on plain messages is refused now, not at each request."""
+    try:
+        tokenizer.render(_PROBE)
+    except RenderLimitExceeded as exc:
+        raise InspectionRefused(f"{exc} (a four-message probe conversation)") from exc
+    except TemplateError as exc:
+        try:  # some templates refuse a system message: a user message alone must render
+            tokenizer.render(_PROBE[1:])
+        except Exception as inner:  # any failure of the template is a refusal, not a crash
+            raise InspectionRefused(
+                f"the chat template fails on a plain conversation: {type(inner).__name__}: {inner}"
+            ) from exc
+    except Exception as exc:  # any failure of the template is a refusal, not a crash
+        raise InspectionRefused(
+            f"the chat template fails on a plain conversation: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _eos_ids(directory: Path, config: dict[str, Any], tokenizer: ChatTokenizer) -> list[int]:
+    """The end-of-sequence ids, each a token of the vocabulary (the engine compares every
+    sampled token with them and indexes the logits by them)."""
     generation = _json(directory / "generation_config.json")
+    source = "generation_config.json" if "eos_token_id" in generation else "config.json"
     value = generation.get("eos_token_id", config.get("eos_token_id"))
     if value is None:
         return []
-    return [int(v) for v in (value if isinstance(value, list) else [value])]
+    values = value if isinstance(value, list) else [value]
+    vocabulary = text_config(config).get("vocab_size") or tokenizer.backend.get_vocab_size(
+        with_added_tokens=True
+    )
+    for token in values:
+        if not _is_int(token) or not 0 <= token < vocabulary:
+            raise InspectionRefused(
+                f"{source}'s eos_token_id holds {token!r}: each end-of-sequence id must be a "
+                f"token id from 0 to {vocabulary - 1} (the vocabulary's size is {vocabulary})"
+            )
+    return list(values)
 
 
 def _notes(

@@ -7,19 +7,29 @@ and `tokenizer_config.json` and renders the chat template the way transformers'
 special tokens as variables, then encoding without added special tokens), so
 `inference.chat_completions.prompt_ids` gives the worker's counts. Files are counted with
 `inference.prompt_bounds.prompt_token_counts`, which stops at the revision's context.
+
+Every prompt passes through `ChatTokenizer.render` (uploads, interactive requests) before a
+worker renders it, so the bounds live there: a template is an operator's file and may loop
+for minutes or build huge strings. A render stops with `RenderLimitExceeded` past
+`RENDER_SECONDS`, past `RENDER_STEPS` iterations of `range()`, or when its output or one
+repetition (`'x' * n`) outgrows the input by more than `RENDER_GROWTH` times (plus 1 MiB);
+`manage.py model inspect` renders a probe conversation under the same bounds.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from tokenizers import Tokenizer
 
 from inference.media_layout import LayoutUnavailable, MediaLayout, media_layout
@@ -30,12 +40,106 @@ _lock = threading.Lock()
 _cache: OrderedDict[str, ChatTokenizer] = OrderedDict()
 
 
+RENDER_SECONDS = 2.0
+RENDER_STEPS = 1_000_000
+RENDER_GROWTH = 8
+_SLACK_CHARS = 1 << 20
+
+
 class TokenizerUnavailable(Exception):
     """The revision's tokenizer files cannot be found or read."""
 
 
+class RenderLimitExceeded(TemplateError):
+    """The chat template ran past a bound of `ChatTokenizer.render` (module doc)."""
+
+
 def _raise(message: str) -> None:
     raise TemplateError(message)
+
+
+class _Budget:
+    """What one render may still spend; checked at each range step, repetition and piece of
+    output (a Jinja render cannot be interrupted from outside)."""
+
+    def __init__(self, chars: int) -> None:
+        self.deadline = time.monotonic() + RENDER_SECONDS
+        self.steps = RENDER_STEPS
+        self.chars = chars
+
+    def step(self) -> None:
+        self.steps -= 1
+        if self.steps < 0:
+            raise RenderLimitExceeded(
+                f"the chat template looped more than {RENDER_STEPS} times rendering one prompt"
+            )
+        if self.steps % 1024 == 0:
+            self.clock()
+
+    def clock(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise RenderLimitExceeded(
+                f"the chat template took more than {RENDER_SECONDS:g} s to render one prompt"
+            )
+
+    def size(self, chars: int) -> None:
+        if chars > self.chars:
+            raise RenderLimitExceeded(
+                f"the chat template produced more than {self.chars} characters for one prompt "
+                f"({RENDER_GROWTH} times its input, plus 1 MiB)"
+            )
+
+
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("budget", default=None)
+
+
+def _spend() -> _Budget:
+    # Outside ChatTokenizer.render (never, today): each call bounded on its own.
+    return _budget.get() or _Budget(_SLACK_CHARS)
+
+
+class _BoundedRange:
+    """`range()` in a template: the same numbers, each step counted against the budget."""
+
+    def __init__(self, *args: int) -> None:
+        self._range = safe_range(*args)  # jinja's own cap of 100,000 items per range
+
+    def __iter__(self) -> Iterator[int]:
+        budget = _spend()
+        for value in self._range:
+            budget.step()
+            yield value
+
+    def __reversed__(self) -> Iterator[int]:
+        budget = _spend()
+        for value in reversed(self._range):
+            budget.step()
+            yield value
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._range[index]
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._range
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with repetition (`*`) and powers (`**`) bounded."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            if isinstance(right, int) and abs(right) > 256:
+                raise RenderLimitExceeded("the chat template raised a number to a huge power")
+            return left**right
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(times, int):
+                _spend().size(len(seq) * times)
+        return left * right
 
 
 class ChatTokenizer:
@@ -65,10 +169,9 @@ class ChatTokenizer:
             raise TokenizerUnavailable(f"the tokenizer in {directory} has no chat template")
         self.chat_template = template
         self.special = {name: _token_text(config.get(name)) for name in _SPECIAL}
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
+        env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
+        env.globals["range"] = _BoundedRange
         # transformers' own filter: plain JSON (jinja2's built-in one escapes HTML characters,
         # which would count different tokens than the worker renders).
         env.filters["tojson"] = _tojson
@@ -98,12 +201,26 @@ class ChatTokenizer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        return self._template.render(
-            messages=messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            **self.special,
-        )
+        """The prompt's text; RenderLimitExceeded when the template runs past the module's
+        bounds (the output may grow to RENDER_GROWTH times the messages and tools as JSON)."""
+        given = len(json.dumps([messages, tools], ensure_ascii=False, default=str))
+        budget = _Budget(RENDER_GROWTH * given + _SLACK_CHARS)
+        token = _budget.set(budget)
+        try:
+            pieces, length = [], 0
+            for piece in self._template.generate(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **self.special,
+            ):
+                length += len(piece)
+                budget.size(length)
+                budget.clock()
+                pieces.append(piece)
+            return "".join(pieces)
+        finally:
+            _budget.reset(token)
 
     def count_rendered(self, texts: list[str]) -> list[int]:
         """Token counts of rendered prompts, encoded in one call: the Rust tokenizer spreads

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from inference.engine.quantization import quantization_machine_refusal, quantization_of
 from inference.media_layout import ENGINE_MEDIA_ARCHITECTURES
@@ -56,6 +57,9 @@ def load_model(
     this rank's part on the device it binds. A quantized directory (its config's
     `quantization_config`) is loaded by transformers' quantizer for that method, whole on
     `device`.
+
+    Only `*.safetensors` weights load: a pickled `pytorch_model.bin` beside them is never
+    opened (unpickling runs code), and a directory with only pickled weights is refused.
     """
     from transformers import (
         AutoConfig,
@@ -96,9 +100,12 @@ def load_model(
             placement["device_map"] = "auto"
         elif quantized:  # quantized layers are placed as they load; `.to` refuses them
             placement["device_map"] = {"": device}
-        model: Any = auto.from_pretrained(weights, dtype=torch_dtype, **placement, **options)
+        model: Any = auto.from_pretrained(
+            weights, dtype=torch_dtype, use_safetensors=True, **placement, **options
+        )
         tok = AutoTokenizer.from_pretrained(tokenizer or weights, **options)
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+    # SafetensorError: a truncated or corrupt weights file (not an OSError).
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError, SafetensorError) as exc:
         raise ModelLoadError(f"cannot load {weights!r}: {exc}") from exc
     if not placement:
         model.to(device)
