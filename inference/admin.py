@@ -16,9 +16,11 @@ from inference.services import (
     catalog_model_create,
     catalog_model_set_revision,
     catalog_model_update,
+    catalog_prices_check,
     deployment_create,
     deployment_update,
     model_name_check,
+    model_set_enabled,
     revision_create,
 )
 
@@ -111,7 +113,34 @@ class ModelRevisionAdmin(admin.ModelAdmin):
         obj.pk = revision_create(**fields).pk
 
 
-class CatalogModelCreateForm(_NewNameForm):
+def _catalog_prices(data: dict[str, Any]) -> tuple[Any, Any]:
+    """(batch prices or None, interactive prices or None) of a catalog form's data."""
+    batch = (data.get("price_input"), data.get("price_cached_input"), data.get("price_output"))
+    interactive = tuple(data.get(name) for name in INTERACTIVE_PRICE_FIELDS)
+    if None in interactive and any(p is not None for p in interactive):
+        raise forms.ValidationError(
+            "Give all three interactive prices, or none (the model is then not offered "
+            "interactively)."
+        )
+    return (batch if data.get("batch_enabled") else None), (
+        None if None in interactive else interactive
+    )
+
+
+class CatalogModelForm(forms.ModelForm):
+    """Checks the prices as inference.services.catalog_prices_check does, before saving."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            batch, interactive = _catalog_prices(data)
+            catalog_prices_check(prices=batch, interactive_prices=interactive)
+        except BoardwalkError as exc:
+            raise forms.ValidationError(exc.message) from exc
+        return data
+
+
+class CatalogModelCreateForm(_NewNameForm, CatalogModelForm):
     class Meta:
         model = CatalogModel
         fields = (
@@ -128,9 +157,11 @@ class CatalogModelCreateForm(_NewNameForm):
 
 @admin.register(CatalogModel)
 class CatalogModelAdmin(admin.ModelAdmin):
+    form = CatalogModelForm
     list_display = (
         "name",
         "revision",
+        "enabled",
         "batch_enabled",
         "price_input",
         "price_cached_input",
@@ -138,7 +169,7 @@ class CatalogModelAdmin(admin.ModelAdmin):
         "price_output_interactive",
         "created_at",
     )
-    list_filter = ("batch_enabled",)
+    list_filter = ("enabled", "batch_enabled")
     list_select_related = ("revision",)
     search_fields = ("name", "revision__id", "revision__label")
 
@@ -153,14 +184,8 @@ class CatalogModelAdmin(admin.ModelAdmin):
 
     def save_model(self, request: Any, obj: CatalogModel, form: Any, change: bool) -> None:
         data = form.cleaned_data
-        prices = (
-            (data["price_input"], data["price_cached_input"], data["price_output"])
-            if data["batch_enabled"]
-            else None
-        )
+        prices, interactive = _catalog_prices(data)  # µUSD per million tokens
         media = list(data.get("batch_media") or [])
-        p_in, p_cached, p_out = (data[name] for name in INTERACTIVE_PRICE_FIELDS)
-        interactive = (p_in, p_cached, p_out)  # µUSD per million, as the batch prices
         if not change:
             obj.pk = catalog_model_create(
                 name=data["name"],
@@ -173,6 +198,8 @@ class CatalogModelAdmin(admin.ModelAdmin):
         if "revision" in form.changed_data:
             catalog_model_set_revision(model=obj, revision=data["revision"])
         catalog_model_update(model=obj, prices=prices, media=media, interactive_prices=interactive)
+        if "enabled" in form.changed_data:
+            model_set_enabled(target=obj, enabled=data["enabled"])
 
 
 class DeploymentCreateForm(_NewNameForm):
@@ -183,9 +210,9 @@ class DeploymentCreateForm(_NewNameForm):
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ("name", "org", "revision", "gpu_second_price", "created_at")
+    list_display = ("name", "org", "revision", "gpu_second_price", "enabled", "created_at")
     search_fields = ("name", "org__name", "id")
-    list_filter = ("org",)
+    list_filter = ("org", "enabled")
     list_select_related = ("org", "revision")
 
     def get_form(self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
@@ -209,3 +236,5 @@ class DeploymentAdmin(admin.ModelAdmin):
         deployment_update(
             deployment=obj, revision=data["revision"], gpu_second_price=data["gpu_second_price"]
         )
+        if "enabled" in form.changed_data:
+            model_set_enabled(target=obj, enabled=data["enabled"])

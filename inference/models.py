@@ -64,18 +64,24 @@ class CatalogModel(models.Model):
     name = models.CharField(max_length=200, unique=True)
     revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, related_name="+")
     batch_enabled = models.BooleanField(default=True, help_text="Off means `batch: null`.")
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Off: no new batches or interactive requests (`manage.py model disable`); "
+        "accepted batches keep running.",
+    )
     price_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
     price_cached_input = models.BigIntegerField(default=0, help_text="microusd per million tokens")
     price_output = models.BigIntegerField(default=0, help_text="microusd per million tokens")
     # Interactive requests (POST /v1/chat/completions) pay these; flex ones the batch prices.
+    # NULL: the model is not offered interactively (inference.selectors.model_resolve).
     price_input_interactive = models.BigIntegerField(
-        default=0, help_text="microusd per million tokens, interactive"
+        null=True, blank=True, help_text="microusd per million tokens, interactive; blank = none"
     )
     price_cached_input_interactive = models.BigIntegerField(
-        default=0, help_text="microusd per million tokens, interactive"
+        null=True, blank=True, help_text="microusd per million tokens, interactive; blank = none"
     )
     price_output_interactive = models.BigIntegerField(
-        default=0, help_text="microusd per million tokens, interactive"
+        null=True, blank=True, help_text="microusd per million tokens, interactive; blank = none"
     )
     batch_media = models.JSONField(
         default=list, blank=True, help_text="Modalities the batch qualification covers; [] = text."
@@ -88,6 +94,16 @@ class CatalogModel(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def interactive_prices(self) -> tuple[int, int, int] | None:
+        """(input, cached_input, output) for interactive requests; None: not offered there."""
+        found = (
+            self.price_input_interactive,
+            self.price_cached_input_interactive,
+            self.price_output_interactive,
+        )
+        return None if None in found else found  # type: ignore[return-value]
+
 
 class Deployment(models.Model):
     """A private deployment: only its organization can target it."""
@@ -97,6 +113,11 @@ class Deployment(models.Model):
     name = models.CharField(max_length=200, unique=True)
     revision = models.ForeignKey(ModelRevision, on_delete=models.PROTECT, related_name="+")
     gpu_second_price = models.BigIntegerField(help_text="microusd per GPU-second")
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Off: no new batches or interactive requests (`manage.py model disable`); "
+        "accepted batches keep running.",
+    )
     created_at = models.DateTimeField(default=clock.now, editable=False)
 
     class Meta:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from boardwalk.codes import LineCode
+from boardwalk.codes import ErrorCode, LineCode
 from boardwalk.errors import NotFound
 from boardwalk.models import Organization
 from inference.models import CatalogModel, Deployment, ModelRevision
@@ -26,14 +26,23 @@ class ResolvedModel:
 
     @property
     def batch_enabled(self) -> bool:
-        return self.deployment is not None or bool(self.catalog and self.catalog.batch_enabled)
+        """Whether a new batch may target it (a disabled model takes none)."""
+        if self.deployment is not None:
+            return self.deployment.enabled
+        return bool(self.catalog and self.catalog.enabled and self.catalog.batch_enabled)
+
+    @property
+    def interactive_prices(self) -> tuple[int, int, int] | None:
+        """A catalog model's interactive prices; None when it is not offered interactively,
+        or for a deployment (billed per GPU-second)."""
+        return None if self.catalog is None else self.catalog.interactive_prices
 
     @property
     def batch_media(self) -> frozenset[str]:
         """Modalities beyond text that a batch on this target may carry."""
         if self.deployment is not None:
             media = self.revision.modalities
-        elif self.catalog is not None and self.catalog.batch_enabled:
+        elif self.catalog is not None and self.batch_enabled:
             media = [m for m in self.catalog.batch_media if m in self.revision.modalities]
         else:
             media = []
@@ -49,8 +58,19 @@ class ModelNotUsable(Exception):
         self.message = message
 
 
-def model_resolve(*, org: Organization, name: str) -> ResolvedModel:
-    """Resolve `name` for `org`; raises ModelNotUsable with a code the upload reports."""
+def _disabled(name: str) -> ModelNotUsable:
+    return ModelNotUsable(
+        LineCode.MODEL_DISABLED,
+        f"Model {name!r} is disabled: it takes no new batches or requests until an operator "
+        f"enables it again (`manage.py model enable {name}`).",
+    )
+
+
+def model_resolve(*, org: Organization, name: str, interactive: bool = False) -> ResolvedModel:
+    """Resolve `name` for `org`, for a batch or (`interactive`) for `POST /v1/chat/completions`;
+    raises ModelNotUsable with a code the upload or the request reports. A disabled model
+    takes neither; a catalog model takes batch with batch prices, interactive requests with
+    interactive prices."""
     deployment = Deployment.objects.select_related("revision").filter(name=name).first()
     catalog = CatalogModel.objects.select_related("revision").filter(name=name).first()
     if deployment is not None and deployment.org_id != org.id:
@@ -61,14 +81,27 @@ def model_resolve(*, org: Organization, name: str) -> ResolvedModel:
             f"Model {name!r} names both a catalog model and a deployment; ask staff to rename one.",
         )
     if deployment is not None:
+        if not deployment.enabled:
+            raise _disabled(name)
         return ResolvedModel(name, "deployment", deployment.revision, deployment=deployment)
     if catalog is None:
         raise ModelNotUsable(
             LineCode.MODEL_NOT_FOUND,
             f"Model {name!r} is neither a catalog model nor one of your deployments.",
         )
+    if not catalog.enabled:
+        raise _disabled(name)
     resolved = ResolvedModel(name, "catalog", catalog.revision, catalog=catalog)
-    if not resolved.batch_enabled:
+    if interactive:
+        if resolved.interactive_prices is None:
+            raise ModelNotUsable(
+                ErrorCode.MODEL_NOT_INTERACTIVE,
+                f"Catalog model {name!r} is not offered for interactive requests: it has no "
+                "interactive prices (an operator sets them with `manage.py model set-price "
+                f"{name} --interactive-input … --interactive-cached-input … "
+                "--interactive-output …`).",
+            )
+    elif not resolved.batch_enabled:
         raise ModelNotUsable(
             LineCode.MODEL_NOT_BATCH_ENABLED, f"Catalog model {name!r} is not available for batch."
         )

@@ -7,7 +7,7 @@ from inference.selectors import ResolvedModel
 
 def model_payload(entry: ResolvedModel) -> dict[str, Any]:
     batch: dict[str, Any] | None = None
-    if entry.catalog is not None and entry.catalog.batch_enabled:
+    if entry.catalog is not None and entry.batch_enabled:
         batch = {
             "unit": "microusd_per_million_tokens",
             "input": str(entry.catalog.price_input),

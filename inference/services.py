@@ -52,18 +52,51 @@ def model_name_check(*, name: str) -> None:
         raise Conflict(f"The model name {name!r} is already used.", code=ErrorCode.NAME_TAKEN)
 
 
+Prices = tuple[int, int, int]  # (input, cached_input, output) µUSD per million tokens
+
+
+def catalog_prices_check(*, prices: Prices | None, interactive_prices: Prices | None) -> None:
+    """Raise InvalidRequest unless the prices can be set together: none negative, and each
+    interactive price at least the batch one, since `service_tier: "flex"` pays the batch
+    prices and must never cost more than the default tier (docs/BILLING.md). The admin's form
+    asks before it saves; the writes below check again."""
+    for label, group in (("batch", prices), ("interactive", interactive_prices)):
+        if group is not None and min(group) < 0:
+            raise InvalidRequest(
+                f"{label} prices are µUSD per million tokens, never negative; got {list(group)}",
+                code=ErrorCode.INVALID_PRICES,
+            )
+    if prices is None or interactive_prices is None:
+        return
+    cheaper = [
+        f"{kind} {interactive} < {batch}"
+        for kind, interactive, batch in zip(
+            ("input", "cached_input", "output"), interactive_prices, prices, strict=True
+        )
+        if interactive < batch
+    ]
+    if cheaper:
+        raise InvalidRequest(
+            "each interactive price must be at least the batch price, which flex requests pay "
+            f"(interactive vs batch: {', '.join(cheaper)}): raise the interactive prices or "
+            "lower the batch ones",
+            code=ErrorCode.INVALID_PRICES,
+        )
+
+
 @transaction.atomic
 def catalog_model_create(
     *,
     name: str,
     revision: ModelRevision,
-    prices: tuple[int, int, int] | None,
+    prices: Prices | None,
     media: list[str] | None = None,
-    interactive_prices: tuple[int, int, int] = (0, 0, 0),
+    interactive_prices: Prices | None = None,
 ) -> CatalogModel:
     """`prices` = (input, cached_input, output) µUSD per million tokens; None = not for batch.
-    `interactive_prices` the same for `POST /v1/chat/completions` (0: free)."""
+    `interactive_prices` the same for `POST /v1/chat/completions`; None = not offered there."""
     model_name_check(name=name)
+    catalog_prices_check(prices=prices, interactive_prices=interactive_prices)
     price_input, price_cached, price_output = prices or (0, 0, 0)
     return CatalogModel.objects.create(
         name=name,
@@ -84,8 +117,8 @@ INTERACTIVE_PRICE_FIELDS = (
 )
 
 
-def _interactive_fields(prices: tuple[int, int, int]) -> dict[str, int]:
-    return dict(zip(INTERACTIVE_PRICE_FIELDS, prices, strict=True))
+def _interactive_fields(prices: Prices | None) -> dict[str, int | None]:
+    return dict(zip(INTERACTIVE_PRICE_FIELDS, prices or (None, None, None), strict=True))
 
 
 def catalog_model_set_revision(*, model: CatalogModel, revision: ModelRevision) -> None:
@@ -106,12 +139,13 @@ def deployment_create(
 def catalog_model_update(
     *,
     model: CatalogModel,
-    prices: tuple[int, int, int] | None,
+    prices: Prices | None,
     media: list[str],
-    interactive_prices: tuple[int, int, int] | None = None,
+    interactive_prices: Prices | None,
 ) -> None:
-    """New batch prices (None = not for batch), media and interactive prices (None: kept);
-    accepted batches and requests keep theirs."""
+    """New batch prices (None = not for batch), media and interactive prices (None = not
+    offered interactively); accepted batches and requests keep theirs."""
+    catalog_prices_check(prices=prices, interactive_prices=interactive_prices)
     price_input, price_cached, price_output = prices or (
         model.price_input,
         model.price_cached_input,
@@ -123,8 +157,15 @@ def catalog_model_update(
         price_cached_input=price_cached,
         price_output=price_output,
         batch_media=media,
-        **({} if interactive_prices is None else _interactive_fields(interactive_prices)),
+        **_interactive_fields(interactive_prices),
     )
+
+
+def model_set_enabled(*, target: CatalogModel | Deployment, enabled: bool) -> None:
+    """Disable (or enable again) a catalog model or deployment: disabled, it takes no new
+    batch and no interactive request (inference.selectors.model_resolve); accepted batches
+    keep running on the revision they pinned. Prices, media and revision are kept."""
+    type(target).objects.filter(pk=target.pk).update(enabled=enabled)
 
 
 def deployment_update(

@@ -29,6 +29,8 @@ from inference.services import catalog_model_create, deployment_create, revision
 
 ROOT = Path(__file__).resolve().parent.parent
 PRICES = (150_000, 75_000, 600_000)
+# Interactive prices (≥ the batch ones, which flex pays): tests see money on every path.
+INTERACTIVE_PRICES = (300_000, 150_000, 1_200_000)
 GPU_SECOND_PRICE = 400
 
 postgres_only = pytest.mark.skipif(
@@ -156,14 +158,23 @@ def api(tenant: Tenant) -> Api:
 @pytest.fixture
 def catalog_model(db: None, tiny_model_dir: Path) -> CatalogModel:
     revision = revision_create(**demo_revision_fields(tiny_model_dir, "tiny"))
-    return catalog_model_create(name="boardwalk/tiny-chat", revision=revision, prices=PRICES)
+    return catalog_model_create(
+        name="boardwalk/tiny-chat",
+        revision=revision,
+        prices=PRICES,
+        interactive_prices=INTERACTIVE_PRICES,
+    )
 
 
 @pytest.fixture
 def vision_model(db: None, vision_model_dir: Path) -> CatalogModel:
     revision = revision_create(**vision_revision_fields(vision_model_dir))
     return catalog_model_create(
-        name="boardwalk/tiny-vision", revision=revision, prices=PRICES, media=["image"]
+        name="boardwalk/tiny-vision",
+        revision=revision,
+        prices=PRICES,
+        media=["image"],
+        interactive_prices=INTERACTIVE_PRICES,
     )
 
 
@@ -171,7 +182,11 @@ def vision_model(db: None, vision_model_dir: Path) -> CatalogModel:
 def audio_model(db: None, audio_model_dir: Path) -> CatalogModel:
     revision = revision_create(**audio_revision_fields(audio_model_dir))
     return catalog_model_create(
-        name="boardwalk/tiny-audio", revision=revision, prices=PRICES, media=["audio"]
+        name="boardwalk/tiny-audio",
+        revision=revision,
+        prices=PRICES,
+        media=["audio"],
+        interactive_prices=INTERACTIVE_PRICES,
     )
 
 

@@ -29,9 +29,10 @@ def _form(catalog_model: CatalogModel, **prices: int) -> dict[str, object]:
         "price_cached_input": 50,
         "price_output": 400,
         "batch_media": "[]",
-        "price_input_interactive": 0,
-        "price_cached_input_interactive": 0,
-        "price_output_interactive": 0,
+        "price_input_interactive": 100,
+        "price_cached_input_interactive": 50,
+        "price_output_interactive": 400,
+        "enabled": "on",
         **prices,
     }
 
@@ -59,6 +60,33 @@ def test_the_admin_sets_interactive_prices_on_create_and_change(staff, catalog_m
         created.price_output_interactive,
     ) == (310, 150, 1_200)
     assert created.price_output == 400  # the batch prices are their own
+
+
+def test_the_admin_refuses_interactive_prices_below_the_batch_ones(staff, catalog_model):
+    cheaper = _form(catalog_model, price_cached_input_interactive=49)
+    response = staff.post("/admin/inference/catalogmodel/add/", {"name": "acme/x", **cheaper})
+    assert response.status_code == 200
+    assert "at least the batch price" in response.content.decode()
+    assert not CatalogModel.objects.filter(name="acme/x").exists()
+    response = staff.post(
+        f"/admin/inference/catalogmodel/{catalog_model.pk}/change/", {"name": "x", **cheaper}
+    )
+    assert response.status_code == 200 and "at least the batch price" in response.content.decode()
+    catalog_model.refresh_from_db()
+    assert catalog_model.price_cached_input_interactive != 49
+
+
+def test_blank_interactive_prices_take_a_model_off_interactive(staff, catalog_model):
+    blank = {name: "" for name in ("price_input_interactive", "price_cached_input_interactive",
+                                   "price_output_interactive")}  # fmt: skip
+    staff.post(
+        f"/admin/inference/catalogmodel/{catalog_model.pk}/change/", _form(catalog_model, **blank)
+    )
+    catalog_model.refresh_from_db()
+    assert catalog_model.interactive_prices is None and catalog_model.batch_enabled
+    half = _form(catalog_model, price_input_interactive="")
+    response = staff.post(f"/admin/inference/catalogmodel/{catalog_model.pk}/change/", half)
+    assert "all three interactive prices" in response.content.decode()
 
 
 def test_the_usage_event_admin_shows_interactive_requests_by_class(staff, tenant, priced):

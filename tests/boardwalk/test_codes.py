@@ -68,7 +68,12 @@ def test_members_are_their_wire_strings() -> None:
 def test_model_codes_a_create_answers_are_api_error_codes_too() -> None:
     # batch_create turns the resolver's line code into ErrorCode(code) when the file's model
     # stopped being usable after the upload.
-    model_codes = {"model_ambiguous", "model_not_found", "model_not_batch_enabled"}
+    model_codes = {
+        "model_ambiguous",
+        "model_disabled",
+        "model_not_found",
+        "model_not_batch_enabled",
+    }
     assert model_codes <= {m.value for m in LineCode} & {m.value for m in ErrorCode}
 
 

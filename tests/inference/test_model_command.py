@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,16 @@ from django.core.management.base import CommandError
 
 from batches.models import Batch
 from inference.models import CatalogModel, Deployment, ModelRevision
-from tests.batches.conftest import rows, submit
-from tests.conftest import Api, Tenant
+from tests.batches.conftest import finalize, rows, run_worker, submit
+from tests.conftest import PRICES, Api, Tenant, jsonl
 
 pytestmark = pytest.mark.django_db
+
+CHAT = {
+    "model": "boardwalk/tiny-chat",
+    "messages": [{"role": "user", "content": "Hello"}],
+    "max_completion_tokens": 4,
+}
 
 
 def model(*args: str) -> dict[str, Any]:
@@ -104,6 +111,25 @@ def test_inspect_reports_quantization(broken):
     }
 
 
+def _huge_tensor(path: Path) -> None:
+    """Rewrite the safetensors header: its first tensor claims a [2^40, 2^40] shape."""
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    (size,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + size])
+    first = next(k for k in header if k != "__metadata__")
+    header[first]["shape"] = [2**40, 2**40]
+    raw = json.dumps(header).encode()
+    weights.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + size :])
+
+
+def _template(text: str):
+    return lambda p: _edit_json(p / "tokenizer_config.json", chat_template=text)
+
+
+NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -122,14 +148,48 @@ def test_inspect_reports_quantization(broken):
             lambda p: (p / "model.safetensors").rename(p / "pytorch_model.bin"),
             "pickled",
         ),
+        (
+            lambda p: _edit_json(p / "config.json", max_position_embeddings=2**62),
+            "from 1 to 16777216",
+        ),
+        (lambda p: _edit_json(p / "config.json", num_hidden_layers=10**9), "num_hidden_layers"),
+        (lambda p: _edit_json(p / "config.json", num_hidden_layers=-5), "from 1 to 1024"),
+        (_huge_tensor, "would take"),
+        (lambda p: _edit_json(p / "generation_config.json", eos_token_id=[2, None]), "None"),
+        (lambda p: _edit_json(p / "generation_config.json", eos_token_id=10**6), "from 0 to"),
+        (_template(NESTED_LOOPS), "looped more than"),
+        (_template("{% set x = 'a' * 200000000 %}{{ x }}"), "produced more than"),
+        (_template("{{ messages[0].content.nope() }}"), "fails on a plain conversation"),
     ],
 )
 def test_inspect_and_add_refuse_what_the_engine_cannot_serve(broken, change, reason):
+    """Bad files are refused with a message, never a traceback, and nothing is created."""
     path = str(broken(change))
     message, printed = refused("inspect", path)
     assert reason in message and printed["error"]["message"] == message
     message, _ = refused("add", "acme/broken", "--weights", path)
     assert reason in message
+
+
+def test_pickled_weights_beside_safetensors_are_ignored_and_never_opened(broken):
+    path = broken(lambda p: (p / "pytorch_model.bin").write_bytes(b"not a pickle"))
+    notes = model("inspect", str(path))["notes"]
+    assert any("ignored: pytorch_model.bin" in note for note in notes)
+    from inference.engine.loading import load_model
+
+    model_, _ = load_model(str(path), device="cpu")  # it would fail on the .bin
+    assert model_.config.model_type == "llama"
+
+
+def test_truncated_weights_are_a_load_error_not_a_crash(broken):
+    from inference.engine.loading import ModelLoadError, load_model
+
+    def truncate(path: Path) -> None:
+        weights = path / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1000])
+
+    with pytest.raises(ModelLoadError):
+        load_model(str(broken(truncate)), device="cpu")
 
 
 def test_inspect_refuses_a_longer_context_than_the_models(tiny_model_dir: Path):
@@ -180,8 +240,6 @@ def test_add_a_private_deployment(tiny_model_dir: Path, tenant: Tenant):
     assert added["kind"] == "deployment" and deployment.org == tenant.org
     assert deployment.gpu_second_price == 7
     assert [d["name"] for d in model("list")["deployments"]] == ["acme/private"]
-    message, _ = refused("disable", "acme/private")
-    assert "private deployment" in message
 
 
 def test_set_revision_keeps_accepted_batches_on_theirs(
@@ -198,10 +256,119 @@ def test_set_revision_keeps_accepted_batches_on_theirs(
     assert "no catalog model or deployment" in message
 
 
-def test_disable_takes_a_model_off_batch(api: Api, catalog_model):
-    assert model("disable", catalog_model.name)["batch"] is False
+def test_disable_stops_new_work_keeps_accepted_batches_and_enable_undoes_it(
+    api: Api, catalog_model
+):
+    accepted = submit(api, rows(1), key="d-1")
+    disabled = model("disable", catalog_model.name)
+    assert disabled["enabled"] is False
     listed = api.get("/v1/models").json()["data"]
     assert [m["batch"] for m in listed if m["id"] == catalog_model.name] == [None]
+    upload = api.upload(jsonl(*rows(1)))
+    assert upload.status_code == 400
+    assert upload.json()["error"]["details"][0]["code"] == "model_disabled"
+    chat = api.post("/v1/chat/completions", CHAT)
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_disabled"
+    assert accepted["id"] in run_worker(accepted["id"])  # an accepted batch keeps running
+    assert finalize(accepted["id"]).status == "completed"  # type: ignore[union-attr]
+    enabled = model("enable", catalog_model.name)
+    assert enabled["enabled"] is True and enabled["batch"] is True
+    assert enabled["prices"] == dict(zip(("input", "cached_input", "output"), PRICES, strict=True))
+    submit(api, rows(1), key="d-2")
+
+
+def test_disable_and_enable_a_private_deployment(api: Api, deployment):
+    accepted = submit(api, rows(1, model=deployment.name), key="p-1")
+    assert model("disable", deployment.name)["enabled"] is False
+    upload = api.upload(jsonl(*rows(1, model=deployment.name)))
+    assert upload.json()["error"]["details"][0]["code"] == "model_disabled"
+    chat = api.post("/v1/chat/completions", CHAT | {"model": deployment.name})
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_disabled"
+    assert accepted["id"] in run_worker(accepted["id"])
+    assert finalize(accepted["id"]).status == "completed"  # type: ignore[union-attr]
+    assert model("enable", deployment.name)["enabled"] is True
+    submit(api, rows(1, model=deployment.name), key="p-2")
+    message, _ = refused("enable", "acme/none")
+    assert "no catalog model or deployment" in message
+
+
+def test_add_takes_interactive_prices_at_least_the_batch_ones(tiny_model_dir: Path):
+    weights = str(tiny_model_dir)
+    batch = ("--price-input", "100", "--price-cached-input", "50", "--price-output", "400")
+    message, printed = refused(
+        "add", "acme/chat", "--weights", weights, *batch, "--interactive-input", "200",
+        "--interactive-cached-input", "40", "--interactive-output", "800",
+    )  # fmt: skip
+    assert "cached_input 40 < 50" in message and printed["error"]["message"] == message
+    message, _ = refused("add", "acme/chat", "--weights", weights, "--interactive-input", "1")
+    assert "all three of --interactive-input" in message
+    added = model(
+        "add", "acme/chat", "--weights", weights, *batch, "--interactive-input", "200",
+        "--interactive-cached-input", "50", "--interactive-output", "800",
+    )  # fmt: skip
+    assert added["interactive_prices"] == {"input": 200, "cached_input": 50, "output": 800}
+    catalog = CatalogModel.objects.get(name="acme/chat")
+    assert catalog.interactive_prices == (200, 50, 800)
+    # Without interactive flags the model is not offered interactively (never free).
+    plain = model("add", "acme/batch-only", "--weights", weights, *batch)
+    assert plain["interactive_prices"] is None
+    assert CatalogModel.objects.get(name="acme/batch-only").interactive_prices is None
+
+
+def test_set_price_changes_batch_and_interactive_prices(api: Api, catalog_model, deployment):
+    name = catalog_model.name
+    changed = model(
+        "set-price", name, "--interactive-input", "500000", "--interactive-cached-input",
+        "200000", "--interactive-output", "2000000",
+    )  # fmt: skip
+    assert changed["interactive_prices"] == {
+        "input": 500_000, "cached_input": 200_000, "output": 2_000_000,
+    }  # fmt: skip
+    assert changed["prices"] == dict(zip(("input", "cached_input", "output"), PRICES, strict=True))
+    message, _ = refused("set-price", name, "--price-input", "600000",
+                         "--price-cached-input", "1", "--price-output", "1")  # fmt: skip
+    assert "input 500000 < 600000" in message
+    assert CatalogModel.objects.get(pk=catalog_model.pk).price_input == PRICES[0]
+    off = model("set-price", name, "--no-interactive")
+    assert off["interactive_prices"] is None and off["batch"] is True
+    chat = api.post("/v1/chat/completions", CHAT)
+    assert chat.status_code == 400 and chat.json()["error"]["code"] == "model_not_interactive"
+    assert model("set-price", name, "--no-batch")["batch"] is False
+    message, _ = refused("set-price", name)
+    assert "nothing to set" in message
+    message, _ = refused("set-price", deployment.name, "--no-batch")
+    assert "private deployment" in message
+
+
+def test_json_is_taken_after_the_subcommand_too(tiny_model_dir: Path, catalog_model):
+    for args in (("--json", "list"), ("list", "--json")):
+        out = io.StringIO()
+        call_command("model", *args, stdout=out)
+        assert [m["name"] for m in json.loads(out.getvalue())["catalog"]] == [catalog_model.name]
+    out = io.StringIO()
+    call_command("model", "inspect", str(tiny_model_dir), "--json", stdout=out)
+    assert json.loads(out.getvalue())["model_type"] == "llama"
+    out = io.StringIO()
+    call_command("model", "list", stdout=out)
+    assert out.getvalue().startswith("NAME")  # text without --json
+
+
+def test_check_reports_what_it_generated_and_refuses_truncated_weights(broken, tiny_model_dir):
+    out = io.StringIO()
+    call_command("model", "add", "acme/checked", "--weights", str(tiny_model_dir), "--check",
+                 stdout=out)  # fmt: skip
+    assert "check: {'ok': True" in out.getvalue()
+
+    def truncate(path: Path) -> None:
+        weights = path / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+
+    path = broken(truncate)
+    # inspect reads only the header, which a truncated file still has: it refuses the file
+    # its header does not cover.
+    message, _ = refused("inspect", str(path))
+    assert "truncated" in message
 
 
 def test_the_admin_refuses_a_revision_the_engine_cannot_serve(client, broken, tiny_model_dir):

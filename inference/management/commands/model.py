@@ -1,14 +1,16 @@
-"""Serve your own models: `manage.py model inspect|add|list|set-revision|disable`.
+"""Serve your own models:
+`manage.py model inspect|add|list|set-revision|set-price|disable|enable`.
 
-Every subcommand takes `--json` (one JSON object on stdout: the result, or `{"error": …}`),
-exits 1 with a message that says what to change on any refusal, and writes through
-`inference.services`, so the catalog's rules hold as they do in the admin.
+Every subcommand takes `--json` (before or after the subcommand: one JSON object on stdout,
+the result or `{"error": …}`), exits 1 with a message that says what to change on any
+refusal, and writes through `inference.services`, so the catalog's rules hold as they do in
+the admin.
 """
 
 from __future__ import annotations
 
 import json as jsonlib
-from argparse import ArgumentParser
+from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Callable
 from typing import Any
 
@@ -20,14 +22,48 @@ from boardwalk.selectors import organization_by_id_or_name
 from inference.inspection import Inspection, InspectionRefused, machine_refusal, model_inspect
 from inference.models import MODALITIES, CatalogModel, Deployment, ModelRevision
 from inference.services import (
+    Prices,
     catalog_model_create,
     catalog_model_set_revision,
     catalog_model_update,
+    catalog_prices_check,
     deployment_create,
     deployment_update,
     model_name_check,
+    model_set_enabled,
     revision_create,
 )
+
+_PRICE_FLAGS = ("--price-input", "--price-cached-input", "--price-output")
+_INTERACTIVE_FLAGS = ("--interactive-input", "--interactive-cached-input", "--interactive-output")
+
+
+def _price_options(parser: ArgumentParser) -> None:
+    for flag in _PRICE_FLAGS:
+        parser.add_argument(flag, type=int, default=None, help="Batch: µUSD per 1M tokens.")
+    for flag in _INTERACTIVE_FLAGS:
+        parser.add_argument(
+            flag,
+            type=int,
+            default=None,
+            help="Interactive requests (POST /v1/chat/completions): µUSD per 1M tokens, at "
+            "least the batch price (flex pays the batch prices).",
+        )
+
+
+def _three(options: dict[str, Any], flags: tuple[str, ...], absent: str) -> Prices | None:
+    """The three prices `flags` give, None when none is given; some but not all: refused."""
+    values = tuple(options.get(flag.removeprefix("--").replace("-", "_")) for flag in flags)
+    if all(v is None for v in values):
+        return None
+    if None in values:
+        raise CommandError(f"give all three of {', '.join(flags)} (or none: {absent})")
+    return values  # type: ignore[return-value]
+
+
+def _json_option(parser: ArgumentParser) -> None:
+    # SUPPRESS: a subcommand without --json keeps the value given before it.
+    parser.add_argument("--json", action="store_true", default=SUPPRESS, help="One JSON object.")
 
 
 def _inspection_options(parser: ArgumentParser) -> None:
@@ -69,9 +105,7 @@ class Command(BaseCommand):
         add.add_argument("--weights", required=True, help="The model's local directory.")
         _inspection_options(add)
         add.add_argument("--label", default=None, help="The revision's name (default: NAME@DIR).")
-        add.add_argument("--price-input", type=int, default=None, help="µUSD per 1M tokens.")
-        add.add_argument("--price-cached-input", type=int, default=None)
-        add.add_argument("--price-output", type=int, default=None)
+        _price_options(add)
         add.add_argument("--batch-media", type=_media, default=[], help="image,audio")
         add.add_argument("--deployment", action="store_true", help="A private deployment.")
         add.add_argument("--org", default=None, help="The deployment's organization (id or name).")
@@ -87,8 +121,24 @@ class Command(BaseCommand):
         revise.add_argument("--label", default=None)
         revise.add_argument("--check", action="store_true")
 
-        disable = actions.add_parser("disable", help="Stop offering NAME for batch.")
+        price = actions.add_parser(
+            "set-price", help="New batch and/or interactive prices for catalog model NAME."
+        )
+        price.add_argument("name")
+        _price_options(price)
+        price.add_argument("--no-batch", action="store_true", help="Take NAME off batch.")
+        price.add_argument(
+            "--no-interactive", action="store_true", help="Stop offering NAME interactively."
+        )
+
+        disable = actions.add_parser(
+            "disable", help="NAME takes no new batches or interactive requests."
+        )
         disable.add_argument("name")
+        enable = actions.add_parser("enable", help="Undo `disable NAME`.")
+        enable.add_argument("name")
+        for subparser in actions.choices.values():
+            _json_option(subparser)
 
     def handle(self, *args: Any, action: str, json: bool = False, **options: Any) -> None:
         handlers: dict[str, Callable[..., dict[str, Any]]] = {
@@ -96,7 +146,9 @@ class Command(BaseCommand):
             "add": self._add,
             "list": self._list,
             "set-revision": self._set_revision,
+            "set-price": self._set_price,
             "disable": self._disable,
+            "enable": self._enable,
         }
         handler = handlers[action]
         try:
@@ -135,32 +187,30 @@ class Command(BaseCommand):
         context_length: int | None,
         dtype: str | None,
         label: str | None,
-        price_input: int | None,
-        price_cached_input: int | None,
-        price_output: int | None,
         batch_media: list[str],
         deployment: bool,
         org: str | None,
         gpu_second_price: int | None,
         check: bool,
         tensor_parallel_size: int,
-        **_: Any,
+        **options: Any,
     ) -> dict[str, Any]:
         model_name_check(name=name)
-        prices = (price_input, price_cached_input, price_output)
+        prices = _three(options, _PRICE_FLAGS, "the model is then not offered for batch")
+        interactive = _three(
+            options, _INTERACTIVE_FLAGS, "the model is then not offered interactively"
+        )
         if deployment:
             if org is None or gpu_second_price is None:
                 raise CommandError("a deployment needs --org and --gpu-second-price")
-            if any(p is not None for p in prices) or batch_media:
+            if prices or interactive or batch_media:
                 raise CommandError(
                     "a deployment is billed per GPU-second: token prices and --batch-media "
                     "are for catalog models"
                 )
-        elif None in prices and any(p is not None for p in prices):
-            raise CommandError(
-                "give all three of --price-input, --price-cached-input and --price-output "
-                "(or none: the model is then listed but not offered for batch)"
-            )
+        else:
+            # Before the revision is made (and --check runs): a refusal creates nothing.
+            catalog_prices_check(prices=prices, interactive_prices=interactive)
         inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
         missing = set(batch_media) - set(inspection.modalities)
         if missing:
@@ -169,19 +219,20 @@ class Command(BaseCommand):
                 f"(it publishes {', '.join(inspection.modalities)})"
             )
         owner = organization_by_id_or_name(org) if deployment and org else None
-        revision = _revision(inspection, name=name, label=label, check=check)
+        revision, checked = _revision(inspection, name=name, label=label, check=check)
         if owner is not None and gpu_second_price is not None:
             created = deployment_create(
                 org=owner, name=name, revision=revision, gpu_second_price=gpu_second_price
             )
-            return _deployment_row(created) | {"inspection": inspection.as_dict()}
+            return _deployment_row(created) | {"inspection": inspection.as_dict()} | checked
         catalog = catalog_model_create(
             name=name,
             revision=revision,
-            prices=None if None in prices else prices,  # type: ignore[arg-type]
+            prices=prices,
             media=batch_media,
+            interactive_prices=interactive,
         )
-        return _catalog_row(catalog) | {"inspection": inspection.as_dict()}
+        return _catalog_row(catalog) | {"inspection": inspection.as_dict()} | checked
 
     def _list(self, **_: Any) -> dict[str, Any]:
         return {
@@ -205,27 +256,62 @@ class Command(BaseCommand):
     ) -> dict[str, Any]:
         target = _named(name)
         inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
-        revision = _revision(inspection, name=name, label=label, check=check)
+        revision, checked = _revision(inspection, name=name, label=label, check=check)
         if isinstance(target, CatalogModel):
             catalog_model_set_revision(model=target, revision=revision)
             target.refresh_from_db()
-            return _catalog_row(target)
+            return _catalog_row(target) | checked
         deployment_update(
             deployment=target, revision=revision, gpu_second_price=target.gpu_second_price
         )
         target.refresh_from_db()
-        return _deployment_row(target)
+        return _deployment_row(target) | checked
 
-    def _disable(self, *, name: str, **_: Any) -> dict[str, Any]:
+    def _set_price(
+        self, *, name: str, no_batch: bool, no_interactive: bool, **options: Any
+    ) -> dict[str, Any]:
         catalog = _named(name)
         if not isinstance(catalog, CatalogModel):
             raise CommandError(
-                f"{name!r} is a private deployment: only its organization can use it, and it "
-                "has no public batch offer to disable"
+                f"{name!r} is a private deployment, billed per GPU-second: change its price "
+                "in the admin"
             )
-        catalog_model_update(model=catalog, prices=None, media=catalog.batch_media)
+        prices = _three(options, _PRICE_FLAGS, "the batch prices are kept")
+        interactive = _three(options, _INTERACTIVE_FLAGS, "the interactive prices are kept")
+        if (no_batch and prices) or (no_interactive and interactive):
+            raise CommandError("--no-batch and --no-interactive take no prices of their kind")
+        if not (prices or interactive or no_batch or no_interactive):
+            raise CommandError(
+                f"nothing to set: give {', '.join(_PRICE_FLAGS)} and/or "
+                f"{', '.join(_INTERACTIVE_FLAGS)}, or --no-batch / --no-interactive"
+            )
+        kept = (catalog.price_input, catalog.price_cached_input, catalog.price_output)
+        catalog_model_update(
+            model=catalog,
+            prices=None if no_batch else prices or (kept if catalog.batch_enabled else None),
+            media=catalog.batch_media,
+            interactive_prices=None
+            if no_interactive
+            else interactive or catalog.interactive_prices,
+        )
         catalog.refresh_from_db()
         return _catalog_row(catalog)
+
+    def _disable(self, *, name: str, **_: Any) -> dict[str, Any]:
+        return self._set_enabled(name, enabled=False)
+
+    def _enable(self, *, name: str, **_: Any) -> dict[str, Any]:
+        return self._set_enabled(name, enabled=True)
+
+    def _set_enabled(self, name: str, *, enabled: bool) -> dict[str, Any]:
+        target = _named(name)
+        model_set_enabled(target=target, enabled=enabled)
+        target.refresh_from_db()
+        return _row(target)
+
+
+def _row(target: CatalogModel | Deployment) -> dict[str, Any]:
+    return _catalog_row(target) if isinstance(target, CatalogModel) else _deployment_row(target)
 
 
 def _named(name: str) -> CatalogModel | Deployment:
@@ -281,25 +367,31 @@ def _cuda_devices() -> int:
 
 def _revision(
     inspection: Inspection, *, name: str, label: str | None, check: bool
-) -> ModelRevision:
-    """The new revision `inspection` describes (after `--check`, when asked)."""
+) -> tuple[ModelRevision, dict[str, Any]]:
+    """The new revision `inspection` describes, made after `--check` passed when asked, and
+    what the check found ({} without `--check`)."""
     fields = inspection.revision_fields(label=label or f"{name}@{inspection.path}")
-    if check:
-        _check(fields)
-    return revision_create(**fields)
+    checked = {"check": _check(fields)} if check else {}
+    return revision_create(**fields), checked
 
 
-def _check(fields: dict[str, Any]) -> None:
+def _check(fields: dict[str, Any]) -> dict[str, Any]:
     """Generate a few tokens with the revision before it exists (imports torch: only here)."""
-    from inference.engine.loading import ModelLoadError
     from inference.runtime import revision_check
 
     try:
         result = revision_check(ModelRevision(**fields))
-    except (ModelLoadError, ValueError, RuntimeError) as exc:
-        raise CommandError(f"--check: the model does not run here: {exc}") from exc
+    except Exception as exc:  # whatever stops it, the answer is "it does not run here"
+        raise CommandError(
+            f"--check: the model does not run here: {exc} ({type(exc).__name__})"
+        ) from exc
     if result.error or not result.choices or not result.choices[0].token_ids:
         raise CommandError(f"--check: the model generated nothing ({result.error or 'no tokens'})")
+    return {
+        "ok": True,
+        "prompt_tokens": result.prompt_tokens,
+        "generated_tokens": len(result.choices[0].token_ids),
+    }
 
 
 def _revision_row(revision: ModelRevision) -> dict[str, Any]:
@@ -316,26 +408,30 @@ def _revision_row(revision: ModelRevision) -> dict[str, Any]:
 
 
 def _catalog_row(model: CatalogModel) -> dict[str, Any]:
+    interactive = model.interactive_prices
     return {
         "name": model.name,
         "kind": "catalog",
+        "enabled": model.enabled,
         "batch": model.batch_enabled,
-        "prices": {
-            "input": model.price_input,
-            "cached_input": model.price_cached_input,
-            "output": model.price_output,
-        }
+        "prices": _prices_row((model.price_input, model.price_cached_input, model.price_output))
         if model.batch_enabled
         else None,
+        "interactive_prices": _prices_row(interactive) if interactive else None,
         "batch_media": model.batch_media,
         "revision": _revision_row(model.revision),
     }
+
+
+def _prices_row(prices: Prices) -> dict[str, int]:
+    return dict(zip(("input", "cached_input", "output"), prices, strict=True))
 
 
 def _deployment_row(deployment: Deployment) -> dict[str, Any]:
     return {
         "name": deployment.name,
         "kind": "deployment",
+        "enabled": deployment.enabled,
         "org": deployment.org.name,
         "gpu_second_price": deployment.gpu_second_price,
         "revision": _revision_row(deployment.revision),
@@ -344,21 +440,24 @@ def _deployment_row(deployment: Deployment) -> dict[str, Any]:
 
 def _text(result: dict[str, Any]) -> str:
     if "catalog" in result and "deployments" in result:
-        lines = [f"{'NAME':<28} {'KIND':<10} {'BATCH':<6} {'REVISION':<30} PRICES"]
+        lines = [
+            f"{'NAME':<28} {'KIND':<10} {'STATE':<8} {'BATCH':<6} {'REVISION':<30} "
+            "PRICES (µUSD/1M: batch; interactive)"
+        ]
         for row in result["catalog"] + result["deployments"]:
             if row["kind"] == "catalog":
                 batch = "on" if row["batch"] else "off"
-                prices = row["prices"]
-                price = (
-                    f"{prices['input']}/{prices['cached_input']}/{prices['output']} µUSD/1M"
-                    if prices
-                    else "-"
-                )
+                price = f"{_price_text(row['prices'])}; {_price_text(row['interactive_prices'])}"
             else:
                 batch, price = "org", f"{row['gpu_second_price']} µUSD/GPU-s ({row['org']})"
+            state = "enabled" if row["enabled"] else "disabled"
             lines.append(
-                f"{row['name']:<28} {row['kind']:<10} {batch:<6} {row['revision']['id']:<30} "
-                f"{price}"
+                f"{row['name']:<28} {row['kind']:<10} {state:<8} {batch:<6} "
+                f"{row['revision']['id']:<30} {price}"
             )
         return "\n".join(lines)
     return "\n".join(f"{key}: {value}" for key, value in result.items())
+
+
+def _price_text(prices: dict[str, int] | None) -> str:
+    return f"{prices['input']}/{prices['cached_input']}/{prices['output']}" if prices else "-"

@@ -31,6 +31,8 @@ DEMO_VISION_MODEL = "boardwalk/tiny-vision"  # batch media ["image"] (SPEC §13)
 DEMO_AUDIO_MODEL = "boardwalk/tiny-audio"  # batch media ["audio"]
 DEMO_DEPLOYMENT = "demo-agent"
 DEMO_PRICES = (150_000, 75_000, 600_000)  # µUSD per million tokens: input, cached, output
+# Interactive requests pay these (flex ones DEMO_PRICES): each at least the batch price.
+DEMO_INTERACTIVE_PRICES = (300_000, 150_000, 1_200_000)
 DEMO_GPU_SECOND_PRICE = 400  # µUSD per GPU-second
 DEMO_CREDIT = 100_000_000  # 100 USD
 
@@ -66,7 +68,12 @@ class Command(BaseCommand):
             ).first() or revision_create(**fields)
             catalog = CatalogModel.objects.filter(name=DEMO_MODEL).first()
             if catalog is None:
-                catalog_model_create(name=DEMO_MODEL, revision=revision, prices=DEMO_PRICES)
+                catalog_model_create(
+                    name=DEMO_MODEL,
+                    revision=revision,
+                    prices=DEMO_PRICES,
+                    interactive_prices=DEMO_INTERACTIVE_PRICES,
+                )
             elif catalog.revision_id != revision.id:  # --model-size switched: serve that one
                 catalog_model_set_revision(model=catalog, revision=revision)
             _media_model(DEMO_VISION_MODEL, vision_revision_fields(vision_path), ["image"])
@@ -119,6 +126,12 @@ def _media_model(name: str, fields: dict, media: list[str]) -> None:
     ).first() or revision_create(**fields)
     catalog = CatalogModel.objects.filter(name=name).first()
     if catalog is None:
-        catalog_model_create(name=name, revision=revision, prices=DEMO_PRICES, media=media)
+        catalog_model_create(
+            name=name,
+            revision=revision,
+            prices=DEMO_PRICES,
+            media=media,
+            interactive_prices=DEMO_INTERACTIVE_PRICES,
+        )
     elif catalog.revision_id != revision.id:
         catalog_model_set_revision(model=catalog, revision=revision)
