@@ -10,7 +10,10 @@ the outside world something, what the world answered:
   none, since an unseeded row draws its own random seed), "nothing ready yet", or the end;
 - each poll of the aborted set (the engine polls at every step: `abort_poll_seconds=0`, since
   its own poll interval is wall-clock time, which differs between ranks). For the same reason
-  batch is not paced beside interactive requests (`interactive_step_seconds=0`, pacing.py).
+  batch is not paced beside interactive requests (`interactive_step_seconds=0`, pacing.py);
+- each forward that raised ("forward failed", `ranks_check`): a rank that died makes the
+  others' collectives raise, which is no request's fault; the broadcast cannot reach it, so
+  the engine is broken and its requests go back to the worker instead of failing.
 
 Everything else the engine decides (admission, chunking, preemption, the prefix cache, which
 layout a step runs) is a function of those answers and of the pool's size, which the ranks
@@ -138,6 +141,23 @@ def lockstep_options(engine_options: dict[str, Any]) -> dict[str, Any]:
     batch not paced beside interactive requests (pacing.py follows each step's wall-clock
     time, which differs between ranks: their plans would part)."""
     return {**engine_options, "abort_poll_seconds": 0.0, "interactive_step_seconds": 0.0}
+
+
+def ranks_check(channel: Channel) -> Callable[[], None]:
+    """What each rank's model runner asks after a forward raised, before it blames a request:
+    are all ranks still there, and did they all fail alike? A rank that died makes the
+    forward's collective raise on the others; this broadcast then cannot reach it and raises
+    LockstepBroken, so the engine is broken and its requests go back to the worker, never
+    failed. Where every rank raised alike (a request's own failure), they go on in lockstep
+    to find the request."""
+
+    def check() -> None:
+        if channel.leader:
+            channel.share(("forward failed",))
+        else:
+            _expect(channel.share(), "forward failed")
+
+    return check
 
 
 def agree_on_pool(

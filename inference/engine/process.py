@@ -341,11 +341,11 @@ def _build_engine(
 
     channel = None
     if setup is not None:
-        from .lockstep import agree_on_pool, init_ranks, lockstep_options
+        from .lockstep import agree_on_pool, init_ranks, lockstep_options, ranks_check
 
         channel, device = init_ranks(setup)
         load = {**load, "device": device, "tensor_parallel_size": setup.size}
-        engine_options = lockstep_options(engine_options)
+        engine_options = {**lockstep_options(engine_options), "ranks_check": ranks_check(channel)}
     model, tokenizer = load_model(**load)
     processor = (
         load_processor(load["weights"], revision=load.get("revision")) if with_processor else None

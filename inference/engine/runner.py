@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,11 +57,13 @@ class ModelRunner:
         max_num_blocks: int | None,
         processor: Any,
         cuda_graphs: bool | None = None,
+        ranks_check: Callable[[], None] | None = None,
     ) -> None:
         """Refuses (ValueError) a model whose attention the pool cannot serve; sizes the pool
         from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`).
         `cuda_graphs`: capture decoding steps (graphs.py; None: `BOARDWALK_ENGINE_CUDA_GRAPHS`,
-        on by default), only ever on CUDA."""
+        on by default), only ever on CUDA. `ranks_check`: on tensor-parallel ranks, asked
+        after a forward raised, before a request is blamed (lockstep.ranks_check)."""
         config = model.config
         attention = getattr(config, "_attn_implementation", "sdpa")
         if attention not in _SUPPORTED_ATTENTION:
@@ -70,6 +73,7 @@ class ModelRunner:
         if refused:
             raise ValueError(refused)
         keep_freed_memory()  # the process's allocator, once: steps reuse freed memory
+        self._ranks_check = ranks_check
         self.model = model
         self.block_size = block_size
         # Media rows need the model's processor (its encoders run at prefill, media.py).
@@ -158,6 +162,7 @@ class ModelRunner:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:
+                self._check_ranks()
                 if len(group) == 1:
                     logger.error("a sequence's forward failed: %s", type(exc).__name__)
                     failed.add(work[group[0]][0].owner)
@@ -170,6 +175,7 @@ class ModelRunner:
                     except torch.OutOfMemoryError:
                         raise
                     except Exception as alone:
+                        self._check_ranks()
                         logger.error("a sequence's forward failed: %s", type(alone).__name__)
                         failed.add(work[i][0].owner)
                         ok[i] = False
@@ -179,6 +185,13 @@ class ModelRunner:
             # The whole step in one forward (the usual case) needs no copy.
             values = out if len(group) == len(work) else _place(values, out, group, len(work))
         return StepLogits(values, ok)
+
+    def _check_ranks(self) -> None:
+        # A forward's collective fails on every rank when a peer rank died: that is no
+        # request's fault. The check raises LockstepBroken then (a BaseException: the engine
+        # is broken and the worker hands its requests back), before any request is failed.
+        if self._ranks_check is not None:
+            self._ranks_check()
 
     def forward(self, work: Work) -> torch.Tensor:
         """Last-position logits ([rows, vocab]) of one forward over the scheduled tokens.
