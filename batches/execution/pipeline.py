@@ -18,6 +18,7 @@ from typing import Any
 
 from batches.execution.finalizer import Finalizer
 from batches.execution.run import Run
+from batches.interactive.feed import interactive_refuse_waiting
 from batches.interactive.messages import requests_waiting
 from batches.lifecycle import batch_fail
 from batches.models import Batch
@@ -160,6 +161,8 @@ def serve_key(
             engine = engine_for(revision)
         except (ModelLoadError, EngineProcessError) as exc:
             logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
+            if interactive:  # they would wait out their queue time for nothing
+                interactive_refuse_waiting(key, code=ErrorCode.MODEL_LOAD_FAILED)
             return _fail_batches_of(key, message=str(exc))
         # Media rows are laid out only for an engine that runs their encoders.
         layout = media_layout_for(revision)

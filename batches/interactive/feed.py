@@ -330,3 +330,27 @@ def _cache_scope(submitted: Submitted) -> str:
     if submitted.deployment_id:
         return f"{submitted.org_id}:{submitted.deployment_id}"
     return submitted.org_id
+
+
+def interactive_refuse_waiting(key: EngineKey, *, code: str) -> int:
+    """Answer every request waiting for `key` with the error `code` (its model cannot be
+    loaded here): each at once, instead of after its wait for a worker. Returns how many.
+    A request is answered once (its "taken" flag), and only while its web process waits."""
+    ch = channels()
+    answered = 0
+    while (raw := ch.pop(request_channel(key), timeout=0.01)) is not None:
+        try:
+            submitted = Submitted.decode(raw)
+        except (CryptoError, InvalidTag, ValueError, TypeError, KeyError) as exc:
+            logger.error("interactive request refused: %s", type(exc).__name__)
+            continue
+        ttl = max(1.0, submitted.deadline - time.time()) + 60
+        if not ch.claim(taken_flag(submitted.id), ttl=ttl):
+            continue
+        ch.push(
+            reply_channel(submitted.id),
+            encode_reply(submitted, "error", code=code),
+            ttl=REPLY_TTL_SECONDS,
+        )
+        answered += 1
+    return answered

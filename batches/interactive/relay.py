@@ -1,9 +1,11 @@
 """The web tier's side: hand an accepted request to the workers and read its replies.
 
-While it reads, the web process keeps the request's listener flag raised (refreshed every
-`SLICE_SECONDS`, lowering itself `LISTEN_TTL_SECONDS` after the last refresh): a worker whose
-request lost its listener (the web process died, or the broker lost its keys) stops it as it
-stops one whose client closed the stream. And it watches the worker that took the request: a
+While a request is answered, the web process keeps its listener flag raised: one thread per
+process refreshes the flags of every request it answers each `REFRESH_SECONDS` (so a client
+that reads slowly, blocking its request's thread on a full socket, keeps its flag), and a flag
+lowers itself `LISTEN_TTL_SECONDS` after its last refresh. A worker whose request lost its
+listener (the web process died, or the broker lost its keys) stops it as it stops one whose
+client closed the stream. And it watches the worker that took the request: a
 feed whose liveness flag lapsed is gone, and the request ends as `worker_lost` instead of
 waiting out its timeout.
 """
@@ -11,6 +13,7 @@ waiting out its timeout.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,8 +37,9 @@ from boardwalk.channels import channels
 logger = logging.getLogger(__name__)
 
 ABORT_TTL_SECONDS = 120.0
-SLICE_SECONDS = 1.0  # the longest single wait on the reply channel (then the flag's refresh)
-LISTEN_TTL_SECONDS = 5.0  # a listener flag not refreshed for this long: nobody reads
+SLICE_SECONDS = 1.0  # the longest single wait on the reply channel (then a worker check)
+LISTEN_TTL_SECONDS = 2.0  # a listener flag not refreshed for this long: nobody reads
+REFRESH_SECONDS = 0.4
 WORKER_CHECK_SECONDS = 2.0  # how often a silent wait asks whether its worker still lives
 WORKER_LOST = "worker_lost"  # the reply code of a request whose worker went away
 
@@ -48,7 +52,7 @@ def dispatch(accepted: Accepted) -> None:
     key = accepted.key
     queue_seconds = setting("INTERACTIVE_QUEUE_SECONDS")
     ch = channels()
-    _listen(accepted)
+    _listeners.add(accepted.submitted.id)
     ch.gauge(WANTED_GAUGE, wanted_field(key), 1, ttl=queue_seconds + 5)
     ch.push(request_channel(key), accepted.submitted.encode(), ttl=queue_seconds + 5)
     try:
@@ -101,21 +105,59 @@ def abort(accepted: Accepted) -> None:
         logger.warning("abort of %s not sent: %s", accepted.submitted.id, type(exc).__name__)
 
 
-def _listen(accepted: Accepted) -> None:
-    channels().flag(listener_flag(accepted.submitted.id), ttl=LISTEN_TTL_SECONDS)
+def done(accepted: Accepted) -> None:
+    """The web process answered the request (or gave up on it): its listener flag lapses."""
+    _listeners.discard(accepted.submitted.id)
+
+
+class _Listeners:
+    """The requests this process answers, their listener flags refreshed by one thread."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, request_id: str) -> None:
+        channels().flag(listener_flag(request_id), ttl=LISTEN_TTL_SECONDS)  # before the push
+        with self._lock:
+            self._ids.add(request_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._refresh, name="interactive-listeners", daemon=True
+                )
+                self._thread.start()
+
+    def discard(self, request_id: str) -> None:
+        with self._lock:
+            self._ids.discard(request_id)
+
+    def _refresh(self) -> None:
+        while True:
+            time.sleep(REFRESH_SECONDS)
+            with self._lock:
+                ids = list(self._ids)
+            for request_id in ids:
+                try:
+                    channels().flag(listener_flag(request_id), ttl=LISTEN_TTL_SECONDS)
+                except Exception as exc:  # the broker is down: its flags are gone anyway
+                    logger.warning("listener flags not refreshed: %s", type(exc).__name__)
+                    break
+
+
+_listeners = _Listeners()
 
 
 def _pop(accepted: Accepted, until: float, *, watch_worker: bool = False) -> dict[str, Any] | None:
-    """The next reply before `until` (monotonic), in waits of at most SLICE_SECONDS, each
-    after refreshing the listener flag; a lost worker's reply when `watch_worker` finds it
-    gone. None when the time is up."""
+    """The next reply before `until` (monotonic), in waits of at most SLICE_SECONDS (a
+    broker's blocking pop may be capped shorter than the wait); a lost worker's reply when
+    `watch_worker` finds it gone. None when the time is up."""
     ch = channels()
     last_check = time.monotonic()
     while True:
         left = until - time.monotonic()
         if left <= 0:
             return None
-        _listen(accepted)
         raw = ch.pop(reply_channel(accepted.submitted.id), timeout=min(left, SLICE_SECONDS))
         if raw is not None:
             return decode_reply(accepted.submitted, raw)

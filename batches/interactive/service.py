@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from jinja2.exceptions import TemplateError
 
 from batches.interactive.config import setting
 from batches.interactive.limits import Admission, admission_tokens_take, slot_take
@@ -210,7 +211,15 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
         context = target.revision.context_length
         # A prompt that surely exceeds the context is refused without being tokenized
         # (inference.prompt_bounds), as an upload's line is.
-        ids = bounded_prompt_ids(tokenizer, body, context_length=context)
+        try:
+            ids = bounded_prompt_ids(tokenizer, body, context_length=context)
+        except TemplateError as exc:
+            # The template's own refusal ("roles must alternate") or its render bounds
+            # (inference.tokenization): the messages are what to change.
+            raise _invalid(
+                f"The model's chat template cannot render these messages: {exc}",
+                param="messages",
+            ) from exc
         prompt = context + 1 if ids is None else len(ids)
         if prompt + max_output_tokens(body) > context:
             counted = "more than the context" if ids is None else f"{prompt} tokens"

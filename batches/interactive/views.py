@@ -46,6 +46,12 @@ def reply_error(code: str) -> BoardwalkError:
         return InvalidRequest("The engine refused this request as invalid.")
     if code in ("timeout", "aborted"):
         return ServiceUnavailable("The request did not finish in time; retry it.")
+    if code == ErrorCode.MODEL_LOAD_FAILED:
+        return ServiceUnavailable(
+            "The workers could not load this model; an operator must check it "
+            "(manage.py model inspect). Retry later.",
+            code=ErrorCode.MODEL_LOAD_FAILED,
+        )
     if code == relay.WORKER_LOST:
         return ServiceUnavailable("The worker running this request stopped; retry it.")
     return EngineFailed("The engine failed on this request; retry it.")
@@ -84,6 +90,7 @@ class ChatCompletionsView(APIView):
             raise
         finally:
             if not accepted.submitted.stream:
+                relay.done(accepted)
                 accepted.admission.release()
         if accepted.submitted.stream:
             response = StreamingHttpResponse(
@@ -148,11 +155,13 @@ def _stream(accepted: Accepted) -> Iterator[bytes]:
         # Closed before its end: the client went away, so the engine frees its rows.
         if not finished:
             relay.abort(accepted)
+        relay.done(accepted)
         accepted.admission.release()
 
 
 def _answered_with_error(accepted: Accepted) -> None:
     """An error answer: stop the request if it runs, and void its charge (never billed)."""
+    relay.done(accepted)
     relay.abort(accepted)
     try:
         interactive_void(accepted)

@@ -4,6 +4,9 @@ taken before it is counted, and a prompt surely over the context is never tokeni
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,4 +118,61 @@ def test_an_org_at_its_concurrency_limit_is_refused_before_its_prompt_is_counted
 
     assert limited.value.code == "rate_limit_exceeded"
     assert spy.calls == 0
+    assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()
+
+
+@pytest.fixture
+def own_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny model's directory this test may break after its revision exists."""
+    copy = tmp_path / "tiny-copy"
+    shutil.copytree(tiny_model_dir, copy)
+    return copy
+
+
+def _catalog(name: str, directory: Path):
+    revision = revision_create(**demo_revision_fields(directory, "tiny"))
+    return catalog_model_create(
+        name=name, revision=revision, prices=PRICES, interactive_prices=INTERACTIVE_PRICES
+    )
+
+
+def test_a_model_whose_weights_fail_to_load_answers_model_load_failed_at_once(
+    sdk, tenant, own_copy, in_process_worker, settings
+):
+    settings.INTERACTIVE_QUEUE_SECONDS = 60.0  # it used to wait all of it, then 503
+    model = _catalog("boardwalk/broken", own_copy)
+    weights = own_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as failed:
+        sdk.chat.completions.create(model=model.name, messages=MESSAGES, max_completion_tokens=4)
+
+    assert failed.value.status_code == 503 and failed.value.code == "model_load_failed"
+    assert time.monotonic() - started < 50
+    ledger = LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant")
+    assert not ledger.filter(kind="charge", amount_microusd__gt=0).exists()
+    assert sorted(ledger.values_list("kind", flat=True)) == ["charge", "hold", "release"]
+
+
+def test_messages_the_chat_template_refuses_are_a_400_naming_why(sdk, tenant, own_copy):
+    model = _catalog("boardwalk/picky", own_copy)
+    config_path = own_copy / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{%- if 'forbidden' in messages[-1]['content'] -%}"
+        "{{ raise_exception('the last message may not say that word') }}{%- endif -%}"
+        + config["chat_template"]
+    )
+    config_path.write_text(json.dumps(config))
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(
+            model=model.name,
+            messages=[{"role": "user", "content": "a forbidden word"}],
+            max_completion_tokens=4,
+        )
+
+    assert refused.value.code == "invalid_request" and refused.value.param == "messages"
+    assert "may not say that word" in refused.value.body["message"]
     assert not LedgerEntry.objects.filter(org=tenant.org).exclude(kind="grant").exists()

@@ -162,6 +162,17 @@ def test_errors_map_to_sdk_exceptions_and_charge_nothing(client, priced, tenant,
         )
     assert bad.value.status_code == 400 and bad.value.code == "invalid_request"
     assert bad.value.param == "temperature"
+    with pytest.raises(openai.BadRequestError) as biased:
+        client.chat.completions.create(
+            model="boardwalk/tiny-chat",
+            messages=MESSAGES,
+            max_completion_tokens=8,
+            logit_bias={"x": 5},
+        )
+    assert biased.value.param == "logit_bias"
+    # The field as the request names it: no batch row's "body." prefix, in any case.
+    assert biased.value.body["message"].startswith("Logit_bias must map token ids")
+    assert "body." not in str(biased.value.body).lower()
     reader = api_key_create(org=tenant.org, scopes="requests:read").secret
     with (
         OpenAI(base_url=f"{live_server.url}/v1", api_key=reader, max_retries=0) as stranger,
