@@ -18,6 +18,7 @@ import redis
 from django.conf import settings
 
 _SOCKET_SLACK_SECONDS = 5.0  # a blocking pop's socket waits this much longer than the pop
+_PURGE_EVERY = 4096  # in-memory flag and counter writes between purges of the expired ones
 
 
 class Channels(Protocol):
@@ -61,6 +62,18 @@ class MemoryChannels:
         self._lists: dict[str, tuple[deque[bytes], float]] = {}
         self._values: dict[str, tuple[int, float]] = {}
         self._gauges: dict[str, dict[str, tuple[int, float]]] = {}
+        self._writes = 0  # flags and counters set since the last purge of expired ones
+
+    def _set_value(self, key: str, value: int, expires: float) -> None:
+        """Caller holds the condition. Every `_PURGE_EVERY` writes, expired flags and counters
+        go (a long-running process raises flags for every interactive request it serves)."""
+        self._values[key] = (value, expires)
+        self._writes += 1
+        if self._writes >= _PURGE_EVERY:
+            self._writes = 0
+            now = time.monotonic()
+            for stale in [k for k, (_, until) in self._values.items() if until <= now]:
+                del self._values[stale]
 
     def _live_list(self, key: str) -> deque[bytes] | None:
         entry = self._lists.get(key)
@@ -105,7 +118,7 @@ class MemoryChannels:
 
     def flag(self, key: str, *, ttl: float) -> None:
         with self._cond:
-            self._values[key] = (1, time.monotonic() + ttl)
+            self._set_value(key, 1, time.monotonic() + ttl)
 
     def flagged(self, keys: list[str]) -> set[str]:
         now = time.monotonic()
@@ -118,7 +131,7 @@ class MemoryChannels:
             entry = self._values.get(key)
             if entry is not None and entry[1] > now:
                 return False
-            self._values[key] = (1, now + ttl)
+            self._set_value(key, 1, now + ttl)
             return True
 
     def add(self, key: str, delta: int, *, ttl: float) -> int:
@@ -126,7 +139,7 @@ class MemoryChannels:
         with self._cond:
             value, expires = self._values.get(key, (0, now))
             value = (value if expires > now else 0) + delta
-            self._values[key] = (value, now + ttl)
+            self._set_value(key, value, now + ttl)
             return value
 
     def gauge(self, key: str, field: str, value: int, *, ttl: float) -> None:

@@ -42,3 +42,35 @@ def test_a_list_pops_in_order_and_a_flag_is_seen(store: Channels):
     assert store.pop(key, timeout=0.05) is None
     store.flag(f"{key}:flag", ttl=30)
     assert store.flagged([f"{key}:flag", f"{key}:other"]) == {f"{key}:flag"}
+
+
+def test_a_claim_is_taken_once_until_it_lapses(store: Channels):
+    key = f"claim-{uuid.uuid4().hex}"
+    assert store.claim(key, ttl=0.3) is True
+    assert store.claim(key, ttl=0.3) is False  # a replayed message finds it taken
+    assert store.flagged([key]) == {key}
+    time.sleep(1.2)  # past its time to live, rounded up to Redis's second
+    assert store.claim(key, ttl=30) is True
+
+
+def test_gauge_values_are_each_reporters_live_value(store: Channels):
+    key = f"gauge-{uuid.uuid4().hex}"
+    store.gauge(key, "rev_a:", 1, ttl=30)
+    store.gauge(key, "rev_b:dep", 2, ttl=30)
+    store.gauge(key, "rev_c:", 3, ttl=0.001)
+    time.sleep(1.2)
+    assert store.gauge_values(key) == {"rev_a:": 1, "rev_b:dep": 2}
+    assert store.gauge_sum(key) == 3
+
+
+def test_memory_channels_forget_expired_flags(monkeypatch):
+    from boardwalk import channels as module
+
+    monkeypatch.setattr(module, "_PURGE_EVERY", 10)
+    store = MemoryChannels()
+    for i in range(9):
+        store.flag(f"short-{i}", ttl=0.001)
+    time.sleep(0.01)
+    store.flag("kept", ttl=30)  # the tenth write purges the lapsed ones
+
+    assert set(store._values) == {"kept"}
