@@ -52,6 +52,9 @@ from inference.prompt_bounds import bounded_prompt_ids
 logger = logging.getLogger(__name__)
 
 POP_SECONDS = 0.25  # the feed thread's longest wait on the channel (then headroom, aborts)
+# While requests are in flight it waits at most this long, and reads their flags each time:
+# a client that went away is seen within about a tenth of a second (one MGET).
+IN_FLIGHT_POP_SECONDS = 0.1
 HEADROOM_TTL_SECONDS = 2.0
 REPLY_TTL_SECONDS = 120.0
 INTERACTIVE_PRIORITY = 1
@@ -219,10 +222,11 @@ class InteractiveFeed:
                     if time.monotonic() - last_report >= HEADROOM_TTL_SECONDS / 4:
                         last_report = time.monotonic()
                         self._report()
+                    busy = self._check_aborts()
                     with self._intake:
                         if self._closed:
                             break
-                        self._pop_and_take()
+                        self._pop_and_take(IN_FLIGHT_POP_SECONDS if busy else POP_SECONDS)
                     pause = RETRY_FIRST_SECONDS
                 except Exception as exc:
                     # The broker (or the database) failed: the run goes on, and so does its
@@ -240,8 +244,8 @@ class InteractiveFeed:
         finally:
             connection.close()
 
-    def _pop_and_take(self) -> None:
-        raw = self.channels.pop(request_channel(self.key), timeout=POP_SECONDS)
+    def _pop_and_take(self, timeout: float = POP_SECONDS) -> None:
+        raw = self.channels.pop(request_channel(self.key), timeout=timeout)
         if raw is None:
             return
         self._last = time.monotonic()  # a run that saw a message lingers for the next
@@ -262,6 +266,11 @@ class InteractiveFeed:
         self.channels.gauge(
             in_flight_gauge(self.key), self.reporter, len(inflight), ttl=HEADROOM_TTL_SECONDS
         )
+
+    def _check_aborts(self) -> bool:
+        """Refresh which requests in flight nobody reads any more; whether any is in flight."""
+        with self._lock:
+            inflight = dict(self._inflight)
         if inflight:
             aborts = {abort_flag(s.id): gid for gid, s in inflight.items()}
             listeners = {listener_flag(s.id): gid for gid, s in inflight.items()}
@@ -270,6 +279,7 @@ class InteractiveFeed:
                 [gid for flag, gid in aborts.items() if flag in raised]
                 + [gid for flag, gid in listeners.items() if flag not in raised]
             )
+        return bool(inflight)
 
     def _take(self, submitted: Submitted) -> None:
         if submitted.deadline < time.time():

@@ -111,22 +111,24 @@ def done(accepted: Accepted) -> None:
 
 
 class _Listeners:
-    """The requests this process answers, their listener flags refreshed by one thread."""
+    """The requests this process answers, their listener flags refreshed by one thread that
+    runs while there are any."""
 
     def __init__(self) -> None:
         self._ids: set[str] = set()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._running = False
+        self._tick = threading.Event()  # never set: its wait is the pause between refreshes
 
     def add(self, request_id: str) -> None:
         channels().flag(listener_flag(request_id), ttl=LISTEN_TTL_SECONDS)  # before the push
         with self._lock:
             self._ids.add(request_id)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
+            if not self._running:
+                self._running = True
+                threading.Thread(
                     target=self._refresh, name="interactive-listeners", daemon=True
-                )
-                self._thread.start()
+                ).start()
 
     def discard(self, request_id: str) -> None:
         with self._lock:
@@ -134,9 +136,12 @@ class _Listeners:
 
     def _refresh(self) -> None:
         while True:
-            time.sleep(REFRESH_SECONDS)
+            self._tick.wait(REFRESH_SECONDS)
             with self._lock:
                 ids = list(self._ids)
+                if not ids:  # nothing to answer: the next request starts a new thread
+                    self._running = False
+                    return
             for request_id in ids:
                 try:
                     channels().flag(listener_flag(request_id), ttl=LISTEN_TTL_SECONDS)
