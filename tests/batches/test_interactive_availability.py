@@ -25,6 +25,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
 
+@pytest.fixture(autouse=True)
+def _short_linger(settings):
+    # A run woken for interactive work ends soon after its last request, before teardown
+    # (one still lingering holds its database sessions past the test database's end).
+    settings.INTERACTIVE_LINGER_SECONDS = 0.5
+
+
 @pytest.fixture
 def second_model(catalog_model, tiny_model_dir: Path):
     """Another model (its own revision, so its own engine key) a worker can serve."""
@@ -55,6 +62,7 @@ def test_a_second_model_is_served_while_the_worker_lingers_on_the_first(
     assert second.model == second_model.name
     assert second.system_fingerprint == second_model.revision_id
     assert second.usage.completion_tokens > 0
+    settings.INTERACTIVE_LINGER_SECONDS = 0.5  # the run ends before teardown
 
 
 class Spy:

@@ -35,6 +35,13 @@ BODY = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _short_linger(settings):
+    # A run woken for interactive work ends soon after its last request, before teardown
+    # (one still lingering holds its database sessions past the test database's end).
+    settings.INTERACTIVE_LINGER_SECONDS = 0.5
+
+
 @pytest.fixture
 def priced(catalog_model):
     (
