@@ -15,7 +15,11 @@ served by an in-process engine, so the engine's memory counts in this process to
 5. `run`: `serve_key` for the batch's engine key (the prepare stage reads, renders and
    tokenizes the prompt for the engine); the item must end `context_length_exceeded`;
 6. `hostile`: the upload of a 4 MiB line of 2M one-character values, refused
-   `too_many_values`.
+   `too_many_values`;
+7. `interactive`: `POST /v1/chat/completions` with a 900 KiB user message (under the 1 MiB
+   JSON body limit), refused `context_length_exceeded` without being tokenized (issue 38
+   item 8), beside `interactive_unbounded`: what counting that prompt in full costs
+   (`prompt_ids`, the path before), measured after it in the same process.
 
 Each step's figure is its peak RSS (VmHWM, reset before the step) above the RSS the process
 had before the first measured step, so memory a step leaves behind counts against the next.
@@ -112,7 +116,9 @@ class Server:
         self.handler = WSGIHandler()
         model_dir = build_demo_model(data_dir / "model", size="tiny")
         self.revision = revision_create(**demo_revision_fields(model_dir, "tiny"))
-        catalog_model_create(name=MODEL, revision=self.revision, prices=(1, 1, 1))
+        catalog_model_create(
+            name=MODEL, revision=self.revision, prices=(1, 1, 1), interactive_prices=(1, 1, 1)
+        )
         engine_for(self.revision)
 
     def request(
@@ -179,6 +185,27 @@ class Server:
             "POST", "/v1/batches", json.dumps(submission).encode(), "application/json"
         )
 
+    def chat(self, content: str) -> tuple[int, Any]:
+        """POST /v1/chat/completions with one user message (refused before any worker)."""
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_completion_tokens": 4,
+        }
+        return self.request(
+            "POST", "/v1/chat/completions", json.dumps(body).encode(), "application/json"
+        )
+
+    def count_unbounded(self, content: str) -> int:
+        """The prompt's tokens counted in full, as interactive requests were before."""
+        from inference.chat_completions import prompt_ids
+        from inference.tokenization import chat_tokenizer_for
+
+        body = {"messages": [{"role": "user", "content": content}]}
+        tokenizer = chat_tokenizer_for(self.revision)
+        _reset_peak()
+        return len(prompt_ids(tokenizer, body))
+
     def run(self, batch_id: str) -> list[str]:
         """The worker's run for the batch's key; the error codes of its items."""
         from batches.execution import serve_key
@@ -237,6 +264,20 @@ def measure(mib: float) -> dict[str, Any]:
         result["item_errors"] = server.run(batch["id"])
         steps["run"] = _status("VmHWM:") - base
         result["large_seconds"] = round(time.perf_counter() - started, 2)
+
+        server.chat("word " * 10_000)  # warm-up of the interactive path (also over the context)
+        content = "word " * (900 * 1024 // 5)
+        base = _status("VmRSS:")
+        started = time.perf_counter()
+        status, answer = server.chat(content)
+        result["interactive_seconds"] = round(time.perf_counter() - started, 3)
+        steps["interactive"] = _status("VmHWM:") - base
+        result["interactive_answer"] = [status, answer["error"]["code"]]
+        base = _status("VmRSS:")
+        started = time.perf_counter()
+        server.count_unbounded(content)
+        result["interactive_unbounded_seconds"] = round(time.perf_counter() - started, 3)
+        steps["interactive_unbounded"] = _status("VmHWM:") - base
         result["peak_growth_mib"] = {name: round(value, 1) for name, value in steps.items()}
         return result
 
@@ -258,6 +299,11 @@ def main() -> None:
     print(
         f"hostile line: {result['hostile_line_bytes'] / 2**20:.1f} MiB, "
         f"answered {result['hostile_answer']}"
+    )
+    print(
+        f"interactive 900 KiB prompt: answered {result['interactive_answer']} in "
+        f"{result['interactive_seconds']} s; counted in full it took "
+        f"{result['interactive_unbounded_seconds']} s"
     )
     print(f"{'step':<10}{'peak RSS growth':>18}")
     for name, value in result["peak_growth_mib"].items():
