@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,30 @@ def _content_in_tmp(settings: Any, tmp_path: Path) -> None:
             },
         },
     }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_left_on_the_test_database(django_db_setup: None, django_db_blocker: Any):
+    """PostgreSQL refuses to drop a database someone is connected to. Threads of this
+    process that outlive their test (a daemon still holding its thread's connection) would
+    fail the whole run at its very end: before the test database goes, their sessions are
+    ended, and named on stderr so that the next person can find the thread."""
+    yield
+    if not django_settings.IS_POSTGRES:
+        return
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, application_name, state, backend_start, left(query, 80) "
+            "FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        left = cursor.fetchall()
+        for row in left:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [row[0]])
+    for row in left:
+        print(f"session left on the test database, ended: {row}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -40,8 +40,21 @@ def test_a_20_mib_prompt_and_a_hostile_line_cost_a_bounded_amount_of_memory() ->
     assert result["item_errors"] == ["context_length_exceeded"]
     assert result["hostile_answer"] == [400, ["too_many_values"]]
 
+    # A 900 KiB interactive prompt is refused by its length, before any worker, for next to
+    # nothing (counting it in full, reported beside it, is the path before issue 38).
+    assert result["interactive_answer"] == [400, "context_length_exceeded"]
+
     growth = result["peak_growth_mib"]
-    assert set(growth) == {"hostile", "upload", "count", "accept", "run"}
+    assert set(growth) == {
+        "hostile",
+        "upload",
+        "count",
+        "accept",
+        "run",
+        "interactive",
+        "interactive_unbounded",
+    }
     for step in ("upload", "count", "accept", "run"):
         assert growth[step] < 128, (step, growth)
     assert growth["hostile"] < 64, growth
+    assert growth["interactive"] < 16, growth
