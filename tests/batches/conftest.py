@@ -72,6 +72,13 @@ def wakes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
+def short_linger(settings: Any) -> None:
+    """A run woken for interactive work ends soon after its last request, before teardown
+    (one still lingering holds its database sessions past the test database's end)."""
+    settings.INTERACTIVE_LINGER_SECONDS = 0.5
+
+
+@pytest.fixture
 def sdk(live_server: Any, tenant: Tenant) -> Iterator[OpenAI]:
     """The official SDK on the live server, as the tenant, strict and without retries."""
     client = OpenAI(

@@ -20,16 +20,9 @@ from inference.services import catalog_model_create, revision_create
 from inference.tokenization import chat_tokenizer_for
 from tests.conftest import INTERACTIVE_PRICES, PRICES, demo_revision_fields
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("short_linger")]
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(autouse=True)
-def _short_linger(settings):
-    # A run woken for interactive work ends soon after its last request, before teardown
-    # (one still lingering holds its database sessions past the test database's end).
-    settings.INTERACTIVE_LINGER_SECONDS = 0.5
 
 
 @pytest.fixture

@@ -25,32 +25,15 @@ from billing.pricing import TokenPrices, token_charge
 from billing.selectors import credit_for_org
 from boardwalk.channels import channels
 from inference.engine.types import FINISH_LENGTH, Choice, GenerationResult
-from tests.conftest import Tenant
+from tests.conftest import INTERACTIVE_PRICES, Tenant
 
-PRICES = (300_000, 150_000, 1_200_000)
+pytestmark = pytest.mark.usefixtures("short_linger")
+
 BODY = {
     "model": "boardwalk/tiny-chat",
     "messages": [{"role": "user", "content": "Hello there"}],
     "max_completion_tokens": 8,
 }
-
-
-@pytest.fixture(autouse=True)
-def _short_linger(settings):
-    # A run woken for interactive work ends soon after its last request, before teardown
-    # (one still lingering holds its database sessions past the test database's end).
-    settings.INTERACTIVE_LINGER_SECONDS = 0.5
-
-
-@pytest.fixture
-def priced(catalog_model):
-    (
-        catalog_model.price_input_interactive,
-        catalog_model.price_cached_input_interactive,
-        catalog_model.price_output_interactive,
-    ) = PRICES
-    catalog_model.save()
-    return catalog_model
 
 
 def _accepted(tenant: Tenant) -> Any:
@@ -90,7 +73,9 @@ def _spend(tenant: Tenant) -> int:
 
 
 @pytest.mark.django_db
-def test_a_cut_request_pays_its_prompt_and_the_tokens_generated_before_it_stopped(tenant, priced):
+def test_a_cut_request_pays_its_prompt_and_the_tokens_generated_before_it_stopped(
+    tenant, catalog_model
+):
     before = credit_for_org(org_id=tenant.org.id)
     accepted = _accepted(tenant)
 
@@ -98,7 +83,7 @@ def test_a_cut_request_pays_its_prompt_and_the_tokens_generated_before_it_stoppe
         accepted.submitted, _result(accepted, completion=3, aborted=True), revision_id="r"
     )
 
-    expected = token_charge(TokenPrices(*PRICES), prompt=7, cached=0, completion=3)
+    expected = token_charge(TokenPrices(*INTERACTIVE_PRICES), prompt=7, cached=0, completion=3)
     assert charge == expected > 0
     assert _kinds(accepted.submitted.id)["charge"] == [expected]
     events = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=accepted.submitted.id)}
@@ -108,7 +93,7 @@ def test_a_cut_request_pays_its_prompt_and_the_tokens_generated_before_it_stoppe
 
 
 @pytest.mark.django_db
-def test_a_request_that_ended_in_an_error_pays_nothing(tenant, priced):
+def test_a_request_that_ended_in_an_error_pays_nothing(tenant, catalog_model):
     before = credit_for_org(org_id=tenant.org.id)
     accepted = _accepted(tenant)
 
@@ -122,7 +107,9 @@ def test_a_request_that_ended_in_an_error_pays_nothing(tenant, priced):
 
 
 @pytest.mark.django_db
-def test_a_request_voided_first_is_not_charged_by_the_worker_that_ran_it_after_all(tenant, priced):
+def test_a_request_voided_first_is_not_charged_by_the_worker_that_ran_it_after_all(
+    tenant, catalog_model
+):
     before = credit_for_org(org_id=tenant.org.id)
     accepted = _accepted(tenant)
 
@@ -140,7 +127,7 @@ def test_a_request_voided_first_is_not_charged_by_the_worker_that_ran_it_after_a
 
 
 @pytest.mark.django_db
-def test_a_charge_made_before_the_error_answer_is_refunded_once(tenant, priced):
+def test_a_charge_made_before_the_error_answer_is_refunded_once(tenant, catalog_model):
     before = credit_for_org(org_id=tenant.org.id)
     accepted = _accepted(tenant)
     charge = interactive_settle(
@@ -172,7 +159,7 @@ class CappedPops:
 
 @pytest.mark.django_db
 def test_replies_wait_the_whole_timeout_however_short_one_pop_is(
-    tenant, priced, settings, monkeypatch
+    tenant, catalog_model, settings, monkeypatch
 ):
     settings.INTERACTIVE_TIMEOUT_SECONDS = 3.0
     accepted = _accepted(tenant)
@@ -200,7 +187,7 @@ def test_replies_wait_the_whole_timeout_however_short_one_pop_is(
 
 
 @pytest.mark.django_db
-def test_a_request_whose_worker_stopped_reporting_ends_as_worker_lost(tenant, priced):
+def test_a_request_whose_worker_stopped_reporting_ends_as_worker_lost(tenant, catalog_model):
     accepted = _accepted(tenant)
     accepted.worker = "worker-that-died"
     channels().flag(feed_alive_flag(accepted.worker), ttl=0.5)  # its last report

@@ -28,16 +28,10 @@ from tests.batches.test_interactive_metrics import samples
 from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
 from tests.conftest import Tenant
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("short_linger")]
 
 INTERACTIVE_PRICES = (300_000, 150_000, 1_200_000)
 MESSAGES = [{"role": "user", "content": "Hello there"}]
-
-
-@pytest.fixture(autouse=True)
-def _short_linger(settings):
-    # A run woken for interactive work ends soon after its last request, before teardown.
-    settings.INTERACTIVE_LINGER_SECONDS = 0.5
 
 
 @pytest.fixture
