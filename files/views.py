@@ -36,7 +36,7 @@ def _resolver(org: Any) -> Any:
             name=name,
             context_length=target.revision.context_length,
             media=target.batch_media,
-            tool_call_format=target.revision.tool_call_format,
+            dialect=target.revision.dialect,
         )
 
     return resolve

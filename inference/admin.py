@@ -9,6 +9,7 @@ from django import forms
 from django.contrib import admin
 
 from boardwalk.errors import BoardwalkError
+from inference.dialects import DIALECTS
 from inference.inspection import InspectionRefused, model_inspect
 from inference.models import CatalogModel, Deployment, ModelRevision
 from inference.services import (
@@ -41,6 +42,12 @@ class ModelRevisionForm(forms.ModelForm):
     """Checks the directory the way `manage.py model inspect` does (inference.inspection):
     a revision the engine would refuse cannot be created here either."""
 
+    dialect = forms.CharField(
+        required=False,
+        help_text="Blank: the dialect found in the chat template (docs/API.md "
+        '"Model dialects"); or one of ' + ", ".join(DIALECTS) + ".",
+    )
+
     tensor_parallel_size = forms.IntegerField(
         min_value=1,
         initial=1,
@@ -59,7 +66,7 @@ class ModelRevisionForm(forms.ModelForm):
             "context_length",
             "dtype",
             "modalities",
-            "tool_call_format",
+            "dialect",
             "tensor_parallel_size",
         )
 
@@ -75,13 +82,11 @@ class ModelRevisionForm(forms.ModelForm):
                 context_length=context,
                 dtype=data.get("dtype") or "auto",
                 tensor_parallel_size=data["tensor_parallel_size"],
+                dialect=data.get("dialect") or None,
             )
         except InspectionRefused as exc:
             raise forms.ValidationError(f"This model cannot be served: {exc}") from exc
-        if data.get("tool_call_format") and not found.tool_call_format:
-            self.add_error(
-                "tool_call_format", "The model's chat template renders no <tool_call> markup."
-            )
+        data["dialect"] = found.dialect
         return data
 
 

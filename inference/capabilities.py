@@ -20,14 +20,14 @@ REFERENCE_FIELDS = frozenset(
 )  # fmt: skip
 
 # Fields the engine honours (sampling, stopping, constrained decoding, log probabilities) or
-# that carry no behaviour (user, metadata, store: accepted, nothing stored). `tools` also
-# needs a revision with a tool-call format (ModelRevision.tool_call_format).
+# that carry no behaviour (user, metadata, store: accepted, nothing stored). `tools` and
+# `reasoning_effort` also need a revision whose dialect takes them (inference/dialects).
 HONOURED_FIELDS = frozenset(
     {
         "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
         "n", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "user",
         "metadata", "store", "stream", "logprobs", "top_logprobs", "response_format", "tools",
-        "tool_choice", "parallel_tool_calls",
+        "tool_choice", "parallel_tool_calls", "reasoning_effort",
     }
 )  # fmt: skip
 

@@ -1,9 +1,18 @@
-"""Translate between Chat Completions bodies and engine requests/results (SPEC §6)."""
+"""Translate between Chat Completions bodies and engine requests/results (docs/API.md).
+
+The revision's dialect (inference/dialects), carried by its tokenizer as `tokenizer.dialect`,
+decides the grammar of a reply and how its text is read back: reasoning into
+`reasoning_content`, calls into `tool_calls`, the answer into `content`.
+"""
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
+from inference.dialects import DIALECTS, Dialect, Marks, Reply, call_id
+from inference.engine.decoding import TextDecoder
 from inference.engine.types import (
     FINISH_STOP,
     Choice,
@@ -19,13 +28,9 @@ from inference.rendering import (
     media_parts,
     render_media_prompt,
     render_prompt,
+    template_options,
 )
-from inference.structured import (
-    grammar_for,
-    parse_tool_calls,
-    response_schema,
-    tool_choice_mode,
-)
+from inference.structured import response_schema, tool_choice_mode
 
 FINISH_TOOL_CALLS = "tool_calls"
 
@@ -41,7 +46,12 @@ def prompt_ids(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     layout: MediaLayout | None = getattr(tokenizer, "media_layout", None)
     if layout is None:
         # Tools are shown to the model even under tool_choice "none", as the reference does.
-        return render_prompt(tokenizer, body["messages"], body.get("tools") or None)
+        return render_prompt(
+            tokenizer,
+            body["messages"],
+            body.get("tools") or None,
+            template_options(tokenizer, body),
+        )
     counts = [layout.placeholder_count() for _ in media_parts(body["messages"])]
     return media_prompt(tokenizer, body, layout=layout, counts=counts).ids
 
@@ -51,11 +61,33 @@ def media_prompt(
 ) -> RenderedPrompt:
     """The prompt of a row on a revision with media, `counts[i]` placeholders for part i."""
     return render_media_prompt(
-        tokenizer, body["messages"], body.get("tools") or None, layout=layout, counts=counts
+        tokenizer,
+        body["messages"],
+        body.get("tools") or None,
+        layout=layout,
+        counts=counts,
+        options=template_options(tokenizer, body),
     )
 
 
-def sampling_params(body: dict[str, Any]) -> SamplingParams:
+def dialect_of(tokenizer: Any) -> Dialect:
+    """The revision's dialect its tokenizer carries; hermes for a bare tokenizer (benchmarks,
+    engine tests), as every revision spoke before dialects."""
+    return getattr(tokenizer, "dialect", None) or DIALECTS["hermes"]
+
+
+def sampling_params(
+    body: dict[str, Any], *, tokenizer: Any = None, prompt: list[int] | None = None
+) -> SamplingParams:
+    """The engine's parameters for a body. With the revision's `tokenizer` and the `prompt`
+    ids, the grammar is written in the revision's dialect, its markers as the vocabulary's
+    tokens, and a prompt that opened the reasoning is noted."""
+    dialect = dialect_of(tokenizer)
+    opened = False
+    if tokenizer is not None and prompt:
+        opened = dialect.opened(tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+    marks = _marks(tokenizer, dialect) if tokenizer is not None else Marks()
+    grammar = dialect.grammar(body, opened=opened, marks=marks)
     stop = body.get("stop")
     stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if output_constrained(body):
@@ -74,9 +106,32 @@ def sampling_params(body: dict[str, Any]) -> SamplingParams:
         logit_bias={int(k): float(v) for k, v in (body.get("logit_bias") or {}).items()},
         logprobs=body.get("logprobs") is True,
         top_logprobs=int(body.get("top_logprobs") or 0),
-        constraint=ConstraintSpec(grammar) if (grammar := grammar_for(body)) else None,
+        constraint=ConstraintSpec(grammar) if grammar else None,
         tool_calls=tool_calls(body),
+        reasoning_opened=opened,
     )
+
+
+_reading: weakref.WeakKeyDictionary[Any, tuple[Marks, TextDecoder]] = weakref.WeakKeyDictionary()
+_reading_lock = threading.Lock()
+
+
+def _marks(tokenizer: Any, dialect: Dialect) -> Marks:
+    return _reader(tokenizer, dialect)[0]
+
+
+def _reader(tokenizer: Any, dialect: Dialect) -> tuple[Marks, TextDecoder]:
+    """(the dialect's markers that are single tokens, the decoder the engine reads with), once
+    per tokenizer: both read the whole vocabulary."""
+    with _reading_lock:
+        found = _reading.get(tokenizer)
+    if found is None:
+        vocab = tokenizer.get_vocab()
+        marks = Marks(frozenset(m for m in dialect.markers if m in vocab))
+        found = (marks, TextDecoder(tokenizer, dialect.markup))
+        with _reading_lock:
+            _reading[tokenizer] = found
+    return found
 
 
 def output_constrained(body: dict[str, Any]) -> bool:
@@ -100,55 +155,105 @@ def tool_calls(body: dict[str, Any]) -> ToolCalls | None:
     return ToolCalls(names=tuple(tool["function"]["name"] for tool in tools))
 
 
-def usage_payload(*, prompt: int, cached: int, completion: int) -> dict[str, Any]:
+def usage_payload(
+    *, prompt: int, cached: int, completion: int, reasoning: int = 0
+) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 
 
 def completion_body(
-    result: GenerationResult, *, completion_id: str, model: str, model_config_id: str, created: int
+    result: GenerationResult,
+    *,
+    completion_id: str,
+    model: str,
+    model_config_id: str,
+    created: int,
+    tokenizer: Any = None,
 ) -> dict[str, Any]:
-    tools = result.params.tool_calls if result.params is not None else None
+    """The Chat Completions body of a result, read in the dialect of the revision whose
+    `tokenizer` generated it (without one: hermes, and no reasoning tokens counted)."""
+    params = result.params
+    tools = params.tool_calls if params is not None else None
+    opened = params.reasoning_opened if params is not None else False
+    dialect = dialect_of(tokenizer)
+    decoder = _reader(tokenizer, dialect)[1] if tokenizer is not None else None
+    choices, reasoning = [], 0
+    for choice in result.choices:
+        reply = dialect.read(choice.text, names=tools.names if tools else (), opened=opened)
+        thought = _reasoning_tokens(choice, reply, decoder)
+        reasoning += thought
+        choices.append(
+            _choice(
+                choice, reply, seed=f"{completion_id}:{choice.index}", tools=tools, skip=thought
+            )
+        )
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": model_config_id,
-        "choices": [
-            _choice(choice, seed=f"{completion_id}:{choice.index}", tools=tools)
-            for choice in result.choices
-        ],
+        "choices": choices,
         "usage": usage_payload(
             prompt=result.prompt_tokens,
             cached=result.cached_tokens,
             completion=result.completion_tokens,
+            reasoning=reasoning,
         ),
     }
 
 
-def _choice(choice: Choice, *, seed: str, tools: ToolCalls | None) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+def _reasoning_tokens(choice: Choice, reply: Reply, decoder: TextDecoder | None) -> int:
+    """How many of the choice's tokens are reasoning (its markup included): those before the
+    answer. A reply cut inside its reasoning is reasoning throughout."""
+    if reply.answer_at <= 0 or decoder is None:
+        return 0
+    ids = choice.token_ids
+    if reply.answer_at >= len(choice.text):
+        return len(ids)
+    low, high = 0, len(ids)  # the fewest tokens whose text reaches the answer
+    while low < high:
+        middle = (low + high) // 2
+        if len(decoder.decode(ids[:middle])) >= reply.answer_at:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _choice(
+    choice: Choice, reply: Reply, *, seed: str, tools: ToolCalls | None, skip: int
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
     finish_reason = choice.finish_reason
-    calls = parse_tool_calls(choice.text, seed=seed, names=tools.names) if tools else None
-    if calls is not None:
-        # The reply is its calls, as the reference gives it: no text beside them, a call cut by
-        # max_tokens among them ("length"); none when it was cut before a name was written.
-        message["content"] = None
-        if calls:
-            message["tool_calls"] = calls
+    if reply.calls is not None:
+        # A call cut by max_tokens is among them ("length"); none when it was cut before a
+        # name was written.
+        if reply.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call_id(seed, index),
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+                for index, (name, arguments) in enumerate(reply.calls)
+            ]
         if finish_reason == FINISH_STOP and tools is not None and not tools.named:
             finish_reason = FINISH_TOOL_CALLS
+    logprobs = choice.logprobs[skip:] if choice.logprobs is not None else None
     return {
         "index": choice.index,
         "message": message,
         "finish_reason": finish_reason,
-        "logprobs": _logprobs(choice.logprobs) if choice.logprobs is not None else None,
+        "logprobs": _logprobs(logprobs) if logprobs is not None else None,
     }
 
 

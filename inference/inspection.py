@@ -17,6 +17,7 @@ from typing import Any
 
 from jinja2.exceptions import TemplateError
 
+from inference.dialects import DIALECTS, Dialect, detect
 from inference.engine.families import context_length_of, kv_heads_of, refusal, text_config
 from inference.engine.parallel import device_refusal, tensor_parallel_refusal
 from inference.engine.quantization import (
@@ -73,7 +74,7 @@ class Inspection:
     weight_bytes: int
     kv_bytes_per_token: int
     modalities: list[str]
-    tool_call_format: str
+    dialect: str
     eos_token_ids: list[int]
     quantization: dict[str, Any] | None = None
     tensor_parallel_size: int = 1
@@ -90,7 +91,7 @@ class Inspection:
             "context_length": self.context_length,
             "dtype": self.dtype,
             "modalities": self.modalities,
-            "tool_call_format": self.tool_call_format,
+            "dialect": self.dialect,
             "tensor_parallel_size": self.tensor_parallel_size,
         }
 
@@ -101,10 +102,12 @@ def model_inspect(
     context_length: int | None = None,
     dtype: str | None = None,
     tensor_parallel_size: int = 1,
+    dialect: str | None = None,
 ) -> Inspection:
     """Describe `path` as a revision, or raise InspectionRefused naming the reason.
 
-    `tensor_parallel_size`: the devices the engine is to be split across. What depends on the
+    `tensor_parallel_size`: the devices the engine is to be split across. `dialect` overrides
+    the dialect found in the chat template (inference/dialects). What depends on the
     serving machine (its GPUs, the kernel packages installed) is `machine_refusal`'s."""
     directory = Path(path).expanduser()
     if not directory.is_dir():
@@ -144,6 +147,7 @@ def model_inspect(
         )
     tokenizer = _tokenizer(directory)
     _probe_template(tokenizer)
+    spoken = _dialect(tokenizer.chat_template, dialect)
     layout = _media_layout(directory)
     modalities = ["text", *([layout.modality] if layout else [])]
     if tensor_parallel_size > 1 and layout:
@@ -162,13 +166,43 @@ def model_inspect(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_bytes,
         modalities=modalities,
-        tool_call_format="hermes" if "<tool_call>" in tokenizer.chat_template else "",
+        dialect=spoken.name,
         eos_token_ids=_eos_ids(directory, config, tokenizer),
         quantization=quantization,
         tensor_parallel_size=tensor_parallel_size,
-        notes=ignored
-        + _notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
+        notes=[
+            dialect_note(spoken, chosen=dialect is not None),
+            *ignored,
+            *_notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
+        ],
     )
+
+
+def _dialect(chat_template: str, chosen: str | None) -> Dialect:
+    if chosen is None:
+        return detect(chat_template)
+    if chosen not in DIALECTS:
+        raise InspectionRefused(f"unknown dialect {chosen!r}; choose one of {', '.join(DIALECTS)}")
+    return DIALECTS[chosen]
+
+
+def dialect_note(dialect: Dialect, *, chosen: bool = False) -> str:
+    """What a revision's dialect means for its requests, in words for an operator."""
+    how = "chosen with --dialect" if chosen else "found in the chat template"
+    if dialect.tools is None and dialect.thinking is None and not dialect.efforts:
+        if dialect.name != "plain":
+            return f"dialect {dialect.name} ({how}): {dialect.families}"
+        return (
+            f"dialect plain ({how}): no tool-call syntax or reasoning this release knows; "
+            "replies are plain text, and rows with tools or reasoning_effort are refused at "
+            "upload (--dialect chooses another)"
+        )
+    what = [f"tool calls in the {dialect.tools.name} syntax" if dialect.tools else "no tools"]
+    if dialect.thinking is not None or dialect.name == "harmony":
+        what.append("reasoning returned as reasoning_content")
+    if dialect.efforts:
+        what.append("reasoning_effort " + "/".join(dict.fromkeys(dialect.efforts)))
+    return f"dialect {dialect.name} ({how}): {dialect.families}; " + ", ".join(what)
 
 
 def machine_refusal(inspection: Inspection, *, cuda_devices: int) -> str | None:

@@ -36,12 +36,12 @@ class ModelRevision(models.Model):
     context_length = models.PositiveIntegerField()
     dtype = models.CharField(max_length=16, default="auto")
     modalities = models.JSONField(default=list)
-    tool_call_format = models.CharField(
+    dialect = models.CharField(
         max_length=32,
-        blank=True,
-        choices=[("", "none (no tool calls)"), ("hermes", "hermes: <tool_call>{json}</tool_call>")],
-        help_text="How the chat template renders tools and the model writes tool calls; "
-        "blank means the revision takes no `tools`.",
+        default="plain",
+        help_text="How the model writes reasoning, tool calls and the end of its turn "
+        '(docs/API.md "Model dialects"); chosen from the chat template when the revision '
+        "is created. A dialect without a tool syntax takes no `tools`.",
     )
     tensor_parallel_size = models.PositiveSmallIntegerField(
         default=1,

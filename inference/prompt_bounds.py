@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 from tokenizers.pre_tokenizers import ByteLevel
 
 from inference.chat_completions import prompt_ids
-from inference.rendering import text_message
+from inference.rendering import template_messages, template_options, text_message
 from inference.tokenization import ChatTokenizer
 
 # Normalizers that never make a text shorter, and those that may, by how much at most: NFC
@@ -140,12 +140,13 @@ def prompt_char_limit(tokenizer: Any, context_length: int) -> int | None:
 def rendered_text(tokenizer: Any, body: dict[str, Any]) -> str:
     """The body's text-only prompt as the chat template renders it, ready for the reply (the
     text `render_prompt` tokenizes)."""
-    messages = [text_message(message) for message in body["messages"]]
+    messages = template_messages(tokenizer, [text_message(message) for message in body["messages"]])
     tools = body.get("tools") or None
+    options = template_options(tokenizer, body)
     if isinstance(tokenizer, ChatTokenizer):
-        return tokenizer.render(messages, tools=tools)
+        return tokenizer.render(messages, tools=tools, **options)
     text = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False
+        messages, tools=tools, add_generation_prompt=True, tokenize=False, **options
     )
     return str(text)
 

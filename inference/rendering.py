@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,16 +26,33 @@ class RenderedPrompt:
 
 
 def render_prompt(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of `messages` (and `tools`) under the tokenizer's chat template, ready for the
-    reply.
+    reply. `options`: template variables (`template_options`).
 
     Content given as a list of parts keeps its text parts only, joined into one string, so that
     templates written for plain-string content work too. The arguments of earlier tool calls
     are handed to the template as objects (the transformers convention), when they parse.
     """
-    return _render(tokenizer, [text_message(message) for message in messages], tools)
+    return _render(tokenizer, [text_message(message) for message in messages], tools, options)
+
+
+def template_options(tokenizer: Any, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The template variables a body sets through the revision's dialect (`reasoning_effort`).
+    A revision's tokenizer (the web's ChatTokenizer, a worker's transformers tokenizer)
+    carries its dialect as `tokenizer.dialect` (inference/dialects); none: no variables."""
+    dialect = getattr(tokenizer, "dialect", None)
+    return dialect.template_options(body) if dialect is not None else {}
+
+
+def template_messages(tokenizer: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the revision's chat template reads them (its dialect's field names)."""
+    dialect = getattr(tokenizer, "dialect", None)
+    return dialect.template_messages(messages) if dialect is not None else messages
 
 
 def text_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -61,13 +78,14 @@ def render_media_prompt(
     *,
     layout: MediaLayout,
     counts: Sequence[int],
+    options: Mapping[str, Any] | None = None,
 ) -> RenderedPrompt:
     """Like render_prompt for a revision with media: each media part becomes its placeholder
     token, expanded to `counts[i]` copies (what the encoder yields for part i), and any quoted
     placeholder in the text is broken up. Raises PlaceholderMismatch when the template did not
     keep one placeholder per part (e.g. a template that drops parts, or one quoted in a tool
     call's arguments)."""
-    ids = _render(tokenizer, [_message(message, layout) for message in messages], tools)
+    ids = _render(tokenizer, [_message(message, layout) for message in messages], tools, options)
     found = [i for i, token in enumerate(ids) if token == layout.token_id]
     if len(found) != len(counts):
         raise PlaceholderMismatch(f"{len(found)} placeholders for {len(counts)} media parts")
@@ -84,10 +102,18 @@ def render_media_prompt(
 
 
 def _render(
-    tokenizer: Any, rendered: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: Any,
+    rendered: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    options: Mapping[str, Any] | None,
 ) -> list[int]:
     ids = tokenizer.apply_chat_template(
-        rendered, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+        template_messages(tokenizer, rendered),
+        tools=tools or None,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        **(options or {}),
     )
     return [int(token) for token in ids]
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from transformers import AutoTokenizer
 
 from inference.demo.fake_engine import FakeEngine
+from inference.dialects import dialect_named
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess, EngineProcessError
@@ -39,7 +40,15 @@ def _load_options(revision: ModelRevision) -> dict[str, Any]:
 
 
 def _load(revision: ModelRevision) -> tuple[Any, Any]:
-    return load_model(**_load_options(revision))
+    model, tokenizer = load_model(**_load_options(revision))
+    return model, _speaking(tokenizer, revision)
+
+
+def _speaking(tokenizer: Any, revision: ModelRevision) -> Any:
+    """The tokenizer, carrying the revision's dialect (read by inference.chat_completions and
+    inference.rendering: how prompts take reasoning_effort, how replies are read back)."""
+    tokenizer.dialect = dialect_named(revision.dialect)
+    return tokenizer
 
 
 def _publishes_media(revision: ModelRevision) -> bool:
@@ -63,7 +72,7 @@ def _load_tokenizer(revision: ModelRevision) -> Any:
         raise ModelLoadError(f"cannot load the tokenizer of {revision.id}: {exc}") from exc
     if revision.chat_template:
         tokenizer.chat_template = revision.chat_template
-    return tokenizer
+    return _speaking(tokenizer, revision)
 
 
 def engine_lock(revision_id: str) -> threading.Lock:
@@ -126,6 +135,9 @@ def _engine_options(revision: ModelRevision) -> dict[str, Any]:
         "max_batch_size": settings.ENGINE_MAX_BATCH_SIZE,
         "prefix_cache": settings.ENGINE_PREFIX_CACHE,
         "interactive_step_seconds": settings.ENGINE_INTERACTIVE_STEP_MS / 1000,
+        # The dialect's markup stays in the decoded text, and its turn ends stop a reply.
+        "markup_tokens": dialect_named(revision.dialect).markup,
+        "turn_end_tokens": dialect_named(revision.dialect).turn_ends,
     }
 
 

@@ -1,48 +1,32 @@
-"""Structured outputs and tool calls: request fields to an llguidance grammar, and back.
+"""Structured outputs: JSON schemas to llguidance grammar rules, and checks that they compile.
 
-`response_format` (`json_object`, `json_schema`) and `tools` with `tool_choice` become one
-grammar (llguidance's Lark dialect with inline JSON schemas); the engine keeps every row that
-carries one inside it, token by token (inference/engine/constraints.py), so a completed output
-always parses and validates. The upload validator compiles the same grammar, so a schema that
-cannot be enforced is refused at upload (SPEC §4.1), never at run time.
+`response_format` (`json_object`, `json_schema`) and each tool's `parameters` become `%json`
+rules of llguidance's Lark dialect; the revision's dialect (inference/dialects) puts them in
+the grammar of a whole reply, in its own syntax. The engine keeps every row that carries a
+grammar inside it, token by token (inference/engine/constraints.py), so a completed answer
+always parses and validates. The upload validator compiles the same rules, so a schema that
+cannot be enforced is refused at upload (docs/API.md "Structured outputs"), never at run time.
 
-Tool calls use the revision's tool-call syntax (`ModelRevision.tool_call_format`). One syntax
-is implemented, "hermes" (Qwen 2.5, Hermes and the demo model):
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-one block per call, blocks separated by a newline. Each tool's `parameters` are compiled as a
-JSON schema of their own (a `$ref` in them resolves against them), and a schema with no finite
-value (a `$ref` cycle with no way out) is refused like any other uncompilable one. This module
-imports llguidance, never torch: the web process uses it.
+A schema with no finite value (a `$ref` cycle with no way out) is refused like any other
+uncompilable one. This module imports llguidance, never torch: the web process uses it.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import json
 import re
 import urllib.parse
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import llguidance
 
-HERMES = "hermes"
-TOOL_CALL_FORMATS = (HERMES,)
-
 # Compact JSON: no free whitespace, so a model cannot pad an answer with blanks until it runs
 # out of tokens, and the default separators "," and ":".
 _JSON_OPTIONS = {"whitespace_flexible": False}
-_CALL_OPEN, _CALL_CLOSE = "<tool_call>\n", "\n</tool_call>"
-_CALL_BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-# A call's JSON as the grammar writes it: `{"name":"f","arguments":{…}}`.
-_CALL_HEAD, _CALL_ARGUMENTS = '{"name":', ',"arguments":'
 _TOO_DEEP = "the schema nests deeper than structured outputs support"
 # Keywords named back in an error message only when they look like keywords (never content).
 _KEYWORD = re.compile(r"[A-Za-z$][A-Za-z0-9_$]{0,63}")
@@ -118,7 +102,7 @@ def function_schema(tool: dict[str, Any]) -> Any:
     return strict_schema(parameters) if function.get("strict") else parameters
 
 
-def tool_choice_mode(body: dict[str, Any]) -> tuple[str, str | None]:
+def tool_choice_mode(body: Mapping[str, Any]) -> tuple[str, str | None]:
     """(mode, named function) of a body with tools: mode is none | auto | required | function."""
     choice = body.get("tool_choice")
     if choice is None:
@@ -128,7 +112,7 @@ def tool_choice_mode(body: dict[str, Any]) -> tuple[str, str | None]:
     return "function", choice["function"]["name"]
 
 
-def _json_rule(schema: dict[str, Any]) -> str:
+def json_rule(schema: dict[str, Any]) -> str:
     """A `%json` rule enforcing `schema`; raises GrammarError when no finite value matches it
     (every schema of a grammar comes through here: the upload check and the run alike)."""
     try:
@@ -141,62 +125,14 @@ def _json_rule(schema: dict[str, Any]) -> str:
     return "%json " + text
 
 
-def _calls_rule(tools: list[dict[str, Any]], *, parallel: bool) -> list[str]:
-    # One alternative per tool: its name as a literal, its parameters as a schema of their own
-    # (so their local `$ref`s resolve against them), in the compact `{"name":…,"arguments":…}`.
-    lines = [
-        'calls: call ("\\n" call)*' if parallel else "calls: call",
-        f"call: {json.dumps(_CALL_OPEN)} call_body {json.dumps(_CALL_CLOSE)}",
-        "call_body: " + " | ".join(f"call_{i}" for i in range(len(tools))),
-    ]
-    for i, tool in enumerate(tools):
-        head = _CALL_HEAD + json.dumps(tool["function"]["name"]) + _CALL_ARGUMENTS
-        lines.append(f'call_{i}: {json.dumps(head)} arguments_{i} "}}"')
-        lines.append(f"arguments_{i}: {_json_rule(function_schema(tool))}")
-    return lines
-
-
-def grammar_for(body: dict[str, Any], *, tool_call_format: str = HERMES) -> str | None:
-    """The llguidance grammar a request body asks for; None when its output is free text.
-
-    Raises GrammarError when the body's schemas cannot be compiled (the validator calls
-    `check_grammar` to turn that into an upload error).
-    """
-    schema = response_schema(body.get("response_format"))
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
-    mode, named = tool_choice_mode(body) if tools else ("none", None)
-    if mode == "function":
-        tools = [t for t in tools if t["function"]["name"] == named]
-    if mode == "none" or not tools:
-        if schema is None:
-            return None
-        return _lark(["start: answer", f"answer: {_json_rule(schema)}"])
-    if tool_call_format != HERMES:
-        raise GrammarError(
-            f"tool-call format {tool_call_format} is not implemented", unsupported=True
-        )
-    parallel = mode != "function" and body.get("parallel_tool_calls") is not False
-    lines = _calls_rule(tools, parallel=parallel)
-    if mode in ("required", "function"):
-        lines.insert(0, "start: calls")
-    elif schema is not None:
-        # JSON starts with anything but "<", a call with "<tool_call>": the first byte decides.
-        lines[:0] = ["start: answer | calls", f"answer: {_json_rule(schema)}"]
-    else:
-        # Free text that does not start like a tool call, or tool calls.
-        lines[:0] = ["start: TEXT | calls", "TEXT: /([^<](.|\\n)*)?/"]
-    return _lark(lines)
-
-
-def _lark(lines: list[str]) -> str:
+def lark(lines: list[str]) -> str:
     return llguidance.LLMatcher.grammar_from_lark("%llguidance {}\n" + "\n".join(lines) + "\n")
 
 
-def check_grammar(body: dict[str, Any], *, tool_call_format: str = HERMES) -> None:
-    """Raise GrammarError unless the body's grammar compiles (a no-op for free-text bodies)."""
-    grammar = grammar_for(body, tool_call_format=tool_call_format)
-    if grammar is not None:
-        _validate(grammar)
+def validate(grammar: str) -> None:
+    """Raise GrammarError unless `grammar` compiles (cached: a file's lines usually share
+    one schema, and a compile costs milliseconds)."""
+    _validate(grammar)
 
 
 @functools.lru_cache(maxsize=256)
@@ -388,100 +324,3 @@ def _resolve(root: Any, ref: str) -> Any:
         else:
             return _MISSING
     return node
-
-
-# -- reading tool calls back ------------------------------------------------------------------
-
-
-def parse_tool_calls(
-    text: str, *, seed: str, names: Sequence[str] = ()
-) -> list[dict[str, Any]] | None:
-    """The tool calls of an output that is tool calls (hermes syntax), in the Chat Completions
-    shape with ids derived from `seed`; None when the output is not tool calls (free text, a
-    JSON answer). Markup of the syntax never comes back as text.
-
-    An output cut by `max_tokens` keeps its complete calls, and the cut call comes back with
-    the arguments written so far (a string, possibly not JSON yet, as the reference gives it).
-    Its name is the one written, or else the only one of `names` (the functions the grammar
-    allowed) that begins with what was written of it; a call cut before its name is known is
-    left out, so a reply cut that early may hold no call at all (an empty list).
-    """
-    stripped = text.lstrip()
-    if not (stripped.startswith(_CALL_OPEN) or (stripped and _CALL_OPEN.startswith(stripped))):
-        return None
-    calls: list[tuple[str, str]] = []
-    position = 0
-    for match in _CALL_BLOCK.finditer(stripped):
-        if stripped[position : match.start()].strip():
-            return None
-        position = match.end()
-        call = _read_call(match.group(1))
-        if call is None:
-            return None
-        calls.append(call)
-    tail = stripped[position:].lstrip()  # a cut string argument keeps its trailing blanks
-    if tail:
-        cut = _read_cut_call(tail, names)
-        if cut is _MALFORMED:
-            return None
-        if isinstance(cut, tuple):
-            calls.append(cut)
-    return [
-        {
-            "id": "call_" + hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()[:24],
-            "type": "function",
-            "function": {"name": name, "arguments": arguments},
-        }
-        for index, (name, arguments) in enumerate(calls)
-    ]
-
-
-_MALFORMED = object()
-
-
-def _read_call(body: str) -> tuple[str, str] | None:
-    """(name, arguments) of one complete call's JSON; None when it is not one."""
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = json.dumps(call.get("arguments", {}), ensure_ascii=False, separators=(",", ":"))
-    return call["name"], arguments
-
-
-def _read_cut_call(tail: str, names: Sequence[str]) -> tuple[str, str] | object | None:
-    """(name, arguments so far) of the call an output was cut in; None when its name is not
-    known yet; _MALFORMED when `tail` is not the start of a call."""
-    if len(tail) <= len(_CALL_OPEN):
-        return _cut_name("", names) if _CALL_OPEN.startswith(tail) else _MALFORMED  # in the tag
-    if not tail.startswith(_CALL_OPEN):
-        return _MALFORMED
-    body = tail[len(_CALL_OPEN) :]
-    # Compact JSON holds no raw newline: one ends the call's JSON, and begins its closing tag.
-    body, newline, closing = body.partition("\n")
-    whole = _read_call(body)
-    if newline:
-        return whole if whole is not None and _CALL_CLOSE.startswith("\n" + closing) else _MALFORMED
-    if whole is not None:
-        return whole
-    head = _CALL_HEAD + '"'
-    if len(body) <= len(head):
-        return _cut_name("", names) if head.startswith(body) else _MALFORMED
-    if not body.startswith(head):
-        return _MALFORMED
-    written, quote, after = body[len(head) :].partition('"')
-    if not quote:
-        return _cut_name(written, names)
-    if len(after) <= len(_CALL_ARGUMENTS):
-        return (written, "") if _CALL_ARGUMENTS.startswith(after) else _MALFORMED
-    if not after.startswith(_CALL_ARGUMENTS):
-        return _MALFORMED
-    return written, after[len(_CALL_ARGUMENTS) :]
-
-
-def _cut_name(written: str, names: Sequence[str]) -> tuple[str, str] | None:
-    """(the only name of `names` that begins with `written`, no arguments), or None."""
-    matching = [name for name in names if name.startswith(written)]
-    return (matching[0], "") if len(matching) == 1 else None

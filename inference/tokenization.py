@@ -19,6 +19,7 @@ repetition (`'x' * n`) outgrows the input by more than `RENDER_GROWTH` times (pl
 from __future__ import annotations
 
 import contextvars
+import datetime
 import json
 import threading
 import time
@@ -32,6 +33,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from tokenizers import Tokenizer
 
+from inference.dialects import DIALECTS, Dialect
 from inference.media_layout import LayoutUnavailable, MediaLayout, media_layout
 from inference.models import ModelRevision
 
@@ -152,6 +154,7 @@ class ChatTokenizer:
         chat_template: str | None = None,
         media_layout: MediaLayout | None = None,
         context_length: int | None = None,
+        dialect: Dialect | None = None,
     ) -> None:
         try:
             self.backend = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -172,6 +175,9 @@ class ChatTokenizer:
         env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
         env.globals["range"] = _BoundedRange
+        # transformers' own global: GPT-OSS, Llama 3.2 and Mistral Small 3.2 date the system
+        # prompt with it (without it those templates fail, and every count with them).
+        env.globals["strftime_now"] = _strftime_now
         # transformers' own filter: plain JSON (jinja2's built-in one escapes HTML characters,
         # which would count different tokens than the worker renders).
         env.filters["tojson"] = _tojson
@@ -181,6 +187,9 @@ class ChatTokenizer:
         # The revision's context: counting stops at a prompt surely longer than it
         # (inference.prompt_bounds); None counts every prompt in full.
         self.context_length = context_length
+        # How the revision's template takes reasoning_effort and earlier reasoning
+        # (inference.rendering.template_options); None: as the template is.
+        self.dialect = dialect
 
     def apply_chat_template(
         self,
@@ -190,8 +199,11 @@ class ChatTokenizer:
         add_generation_prompt: bool = True,
         tokenize: bool = True,
         return_dict: bool = False,
+        **options: Any,
     ) -> list[int]:
-        text = self.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        text = self.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt, **options
+        )
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def render(
@@ -200,9 +212,11 @@ class ChatTokenizer:
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        **options: Any,
     ) -> str:
         """The prompt's text; RenderLimitExceeded when the template runs past the module's
-        bounds (the output may grow to RENDER_GROWTH times the messages and tools as JSON)."""
+        bounds (the output may grow to RENDER_GROWTH times the messages and tools as JSON).
+        `options`: template variables the dialect sets (`reasoning_effort`, thinking)."""
         given = len(json.dumps([messages, tools], ensure_ascii=False, default=str))
         budget = _Budget(RENDER_GROWTH * given + _SLACK_CHARS)
         token = _budget.set(budget)
@@ -212,7 +226,7 @@ class ChatTokenizer:
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
-                **self.special,
+                **{**self.special, **options},
             ):
                 length += len(piece)
                 budget.size(length)
@@ -229,6 +243,10 @@ class ChatTokenizer:
         ids are the same as `encode`'s."""
         encoded = self.backend.encode_batch_fast(texts, add_special_tokens=False)
         return [len(e.ids) for e in encoded]
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime(str(format)[:64])
 
 
 def _tojson(
@@ -279,6 +297,7 @@ def chat_tokenizer_for(revision: ModelRevision) -> ChatTokenizer:
         chat_template=revision.chat_template or None,
         media_layout=media_layout_for(revision),
         context_length=revision.context_length,
+        dialect=DIALECTS.get(revision.dialect),
     )
     with _lock:
         _cache[revision.id] = tokenizer

@@ -174,7 +174,7 @@ class Prepare:
             request = GenerationRequest(
                 request_key(item),
                 ids,
-                sampling_params(body),
+                sampling_params(body, tokenizer=self.tokenizer, prompt=ids),
                 cache_scope=cache_scope(item),
                 media=inputs,
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -44,8 +45,17 @@ class Finished:
 
 
 class Record:
-    def __init__(self, *, owner: str, on_batch_done: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        owner: str,
+        on_batch_done: Callable[[str], None] | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        """`tokenizer`: the revision's, which reads results back in its dialect
+        (inference.chat_completions.completion_body)."""
         self.owner = owner
+        self.tokenizer = tokenizer
         self.on_batch_done = on_batch_done
         self.done: set[str] = set()
         self._keys: dict[str, bytes] = {}
@@ -92,7 +102,8 @@ class Record:
                 prompt_tokens=result.prompt_tokens,
                 gpu_seconds=result.busy_seconds,
             )
-        sealed = seal(self._key(f.item.batch), _result_row(f.item, result), _item_aad(f.item))
+        row = _result_row(f.item, result, tokenizer=self.tokenizer)
+        sealed = seal(self._key(f.item.batch), row, _item_aad(f.item))
         return ItemOutcome(
             f.item,
             succeeded=True,
@@ -109,7 +120,7 @@ class Record:
         return self._keys[batch.pk]
 
 
-def _result_row(item: BatchItem, result: GenerationResult) -> bytes:
+def _result_row(item: BatchItem, result: GenerationResult, *, tokenizer: Any) -> bytes:
     batch = item.batch
     body = completion_body(
         result,
@@ -117,6 +128,7 @@ def _result_row(item: BatchItem, result: GenerationResult) -> bytes:
         model=batch.model_name,
         model_config_id=batch.revision_id,
         created=int(clock.now().timestamp()),
+        tokenizer=tokenizer,
     )
     row = {
         "id": item.row_id,

@@ -74,7 +74,9 @@ class Run:
         self.prepare = Prepare(
             revision_id=key.revision_id, tokenizer=engine.tokenizer, media_layout=media_layout
         )
-        self.record = Record(owner=self.owner, on_batch_done=on_batch_done)
+        self.record = Record(
+            owner=self.owner, on_batch_done=on_batch_done, tokenizer=engine.tokenizer
+        )
         self._held: dict[str, BatchItem] = {}  # request id → item, claimed and not recorded
         self._lock = threading.Lock()
         self._stopping: frozenset[str] = frozenset()

@@ -45,7 +45,8 @@ from batches.queue import EngineKey
 from boardwalk.channels import channels
 from boardwalk.codes import ItemCode
 from files.crypto import CryptoError
-from inference.chat_completions import completion_body, sampling_params
+from inference.chat_completions import completion_body, dialect_of, sampling_params
+from inference.dialects.streams import ReplyStream
 from inference.engine.types import GenerationRequest, GenerationResult, PartialResult
 from inference.prompt_bounds import bounded_prompt_ids
 
@@ -98,6 +99,7 @@ class InteractiveFeed:
         self._intake = threading.Lock()
         self._closed = False  # the run is ending: requests stay in the channel for the next
         self._inflight: dict[str, Submitted] = {}  # generation id → request
+        self._streams: dict[tuple[str, int], ReplyStream] = {}  # (generation id, choice)
         self._rows = 0  # rows (n per request) of the requests in flight
         self._aborted: frozenset[str] = frozenset()
         self._undeliverable: set[str] = set()  # generation ids a reply could not reach
@@ -125,6 +127,7 @@ class InteractiveFeed:
         with self._lock:
             left = list(self._inflight.values())
             self._inflight.clear()
+            self._streams.clear()
         for submitted in left:  # the run ended under them (engine broken, budget): say so
             self._reply(submitted, "error", code=ItemCode.INTERNAL_ERROR)
 
@@ -174,11 +177,14 @@ class InteractiveFeed:
     def partial(self, partial: PartialResult) -> None:
         with self._lock:
             submitted = self._inflight.get(partial.id)
-        if (
-            submitted is not None
-            and submitted.stream
-            and not self._reply(submitted, "delta", index=partial.index, text=partial.text)
-        ):
+            stream = self._streams.get((partial.id, partial.index))
+        if submitted is None or not submitted.stream or stream is None:
+            return
+        # The dialect splits the text into reasoning and answer; its markup is never sent.
+        reasoning, text = stream.push(partial.text)
+        if not (reasoning or text):
+            return
+        if not self._reply(submitted, "delta", index=partial.index, text=text, reasoning=reasoning):
             with self._lock:  # nobody can read it: stop it at the next step
                 self._undeliverable.add(partial.id)
 
@@ -186,6 +192,8 @@ class InteractiveFeed:
         with self._lock:
             submitted = self._inflight.pop(result.id, None)
             self._undeliverable.discard(result.id)
+            for index in range(result.params.n if result.params is not None else 1):
+                self._streams.pop((result.id, index), None)
             if submitted is not None:
                 self._rows -= result.params.n if result.params is not None else 1
         if submitted is None:
@@ -208,6 +216,7 @@ class InteractiveFeed:
                 model=submitted.body["model"],
                 model_config_id=self.key.revision_id,
                 created=int(time.time()),
+                tokenizer=self.tokenizer,
             )
             self._reply(submitted, "result", body=body)
 
@@ -304,7 +313,7 @@ class InteractiveFeed:
             request = GenerationRequest(
                 submitted.generation_id,
                 ids,
-                sampling_params(submitted.body),
+                sampling_params(submitted.body, tokenizer=self.tokenizer, prompt=ids),
                 cache_scope=_cache_scope(submitted),
                 priority=INTERACTIVE_PRIORITY,
                 stream=submitted.stream,
@@ -317,6 +326,11 @@ class InteractiveFeed:
         with self._lock:
             self._inflight[request.id] = submitted
             self._rows += request.params.n
+            if submitted.stream:
+                dialect = dialect_of(self.tokenizer)
+                opened = request.params.reasoning_opened
+                for index in range(request.params.n):
+                    self._streams[(request.id, index)] = ReplyStream(dialect, opened=opened)
         self.taken += 1
         self._reply(submitted, "taken", worker=self.reporter)
         self.put_first(request)

@@ -130,7 +130,7 @@ def _check_rules(body: dict[str, Any], target: ResolvedModel) -> tuple[int, int]
             name=target.name,
             context_length=target.revision.context_length,
             media=frozenset(),  # text only (see the module's doc)
-            tool_call_format=target.revision.tool_call_format,
+            dialect=target.revision.dialect,
         ),
         problems,
     )

@@ -15,9 +15,10 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 class Chunks:
-    """Builds the chunks of one completion: each choice opens with its role, its text comes
-    as deltas (partials, or the whole text when the engine yielded none), tool calls come
-    whole at the end, and with include_usage a last chunk carries usage and no choices."""
+    """Builds the chunks of one completion: each choice opens with its role, its reasoning
+    (`reasoning_content`) and then its text come as deltas (partials, or the whole of each when
+    the engine yielded none), tool calls come whole at the end, and with include_usage a last
+    chunk carries usage and no choices."""
 
     def __init__(
         self,
@@ -43,6 +44,7 @@ class Chunks:
         self.n = n
         self.buffer_text = buffer_text  # tool calls: the raw text is not the answer
         self.sent: dict[int, str] = {}  # text sent per choice
+        self.thought: dict[int, str] = {}  # reasoning sent per choice
 
     def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
         payload = {**self.head, "choices": choices}
@@ -55,7 +57,10 @@ class Chunks:
             self.sent[index] = ""
             yield self._chunk([_delta(index, {"role": "assistant", "content": ""})])
 
-    def partial(self, index: int, text: str) -> Iterator[bytes]:
+    def partial(self, index: int, text: str, reasoning: str = "") -> Iterator[bytes]:
+        if reasoning:
+            self.thought[index] = self.thought.get(index, "") + reasoning
+            yield self._chunk([_delta(index, {"reasoning_content": reasoning})])
         if self.buffer_text or not text:
             return
         self.sent[index] = self.sent.get(index, "") + text
@@ -65,6 +70,10 @@ class Chunks:
         for choice in body["choices"]:
             index = choice["index"]
             message = choice["message"]
+            reasoning = message.get("reasoning_content") or ""
+            thought = self.thought.get(index, "")
+            if reasoning.startswith(thought) and len(reasoning) > len(thought):
+                yield self._chunk([_delta(index, {"reasoning_content": reasoning[len(thought) :]})])
             content = message.get("content") or ""
             already = self.sent.get(index, "")
             if content.startswith(already) and len(content) > len(already):

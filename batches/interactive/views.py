@@ -131,7 +131,9 @@ def _stream(accepted: Accepted) -> Iterator[bytes]:
             for message in relay.replies(accepted):
                 kind = message["kind"]
                 if kind == "delta":
-                    yield from chunks.partial(message["index"], message["text"])
+                    yield from chunks.partial(
+                        message["index"], message["text"], message.get("reasoning", "")
+                    )
                 elif kind == "result":
                     finished = True
                     yield from chunks.closing(message["body"])

@@ -13,7 +13,9 @@ class ModelTarget:
     name: str
     context_length: int  # max tokens of the revision
     media: frozenset[str]  # modalities accepted in batch besides text: subset of {"image", "audio"}
-    tool_call_format: str = ""  # the revision's tool-call syntax; "" = it takes no `tools`
+    # How the revision writes reasoning and tool calls (inference/dialects): whether it takes
+    # `tools` and which `reasoning_effort` values.
+    dialect: str = "plain"
 
 
 class ModelLookupError(Exception):

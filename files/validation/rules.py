@@ -27,7 +27,7 @@ from inference.capabilities import (
     ROLES,
     TOOL_CHOICES,
 )
-from inference.structured import GrammarError, check_grammar
+from inference.dialects import DIALECTS, EFFORTS, Dialect, GrammarError, check_grammar
 
 from .report import ModelTarget
 
@@ -318,12 +318,17 @@ def _check_message(message: Any, path: str, target: ModelTarget | None, problems
                 problems.add(field, LineCode.INVALID_MESSAGE, f"{field} must be a non-empty string")
         elif key == "tool_calls" and role == "assistant":
             _check_history_calls(value, field, problems)
+        elif key == "reasoning_content" and role == "assistant":
+            # An earlier reply's reasoning, sent back as the reply gave it (docs/API.md).
+            if value is not None and not isinstance(value, str):
+                problems.add(field, LineCode.INVALID_MESSAGE, f"{field} must be a string or null")
         else:
             problems.add(
                 field,
                 LineCode.UNKNOWN_FIELD,
                 f"remove {field}; a message holds role, content and optionally name "
-                "(tool messages: tool_call_id; assistant messages: tool_calls)",
+                "(tool messages: tool_call_id; assistant messages: tool_calls and "
+                "reasoning_content)",
             )
     if role == "tool" and "tool_call_id" not in message:
         problems.add(
@@ -714,7 +719,15 @@ def _check_tool_choice(value: Any, field: str) -> tuple[str, str] | None:
     )
 
 
+def _check_effort(value: Any, field: str) -> tuple[str, str] | None:
+    # Whether the model takes it is the dialect's (_check_reasoning_effort).
+    if isinstance(value, str) and value in EFFORTS:
+        return None
+    return LineCode.INVALID_PARAMETER, f"{field} must be one of {', '.join(EFFORTS)}"
+
+
 PARAMETER_CHECKS: dict[str, ParameterCheck] = {
+    "reasoning_effort": _check_effort,
     "temperature": _number_check(0, 2),
     "top_p": _number_check(0, 1, low_open=True),
     "presence_penalty": _number_check(-2, 2),
@@ -738,6 +751,42 @@ PARAMETER_CHECKS: dict[str, ParameterCheck] = {
 # -- rules across fields: log probabilities, tools, grammars ----------------------------------
 
 
+def _dialect(target: ModelTarget | None) -> Dialect:
+    """The target's dialect; an unresolved model's rows are checked as hermes (the grammar's
+    schemas compile the same in every syntax)."""
+    if target is None:
+        return DIALECTS["hermes"]
+    return DIALECTS.get(target.dialect, DIALECTS["plain"])
+
+
+def _check_reasoning_effort(
+    body: dict[str, Any],
+    target: ModelTarget | None,
+    dialect: Dialect,
+    failed: set[str],
+    problems: Problems,
+) -> None:
+    effort = body.get("reasoning_effort")
+    if effort is None or "body.reasoning_effort" in failed:
+        return
+    field = "body.reasoning_effort"
+    if target is None:
+        return
+    if not dialect.efforts:
+        problems.add(
+            field,
+            LineCode.UNSUPPORTED_PARAMETER,
+            f"{field}: model {target.name!r} has no reasoning setting (dialect "
+            f"{dialect.name}); remove it",
+        )
+    elif effort not in dialect.efforts:
+        problems.add(
+            field,
+            LineCode.UNSUPPORTED_PARAMETER,
+            f"{field}: model {target.name!r} takes {', '.join(dialect.efforts)}",
+        )
+
+
 def _check_structured(
     body: dict[str, Any], target: ModelTarget | None, failed: set[str], problems: Problems
 ) -> None:
@@ -753,6 +802,8 @@ def _check_structured(
             "body.top_logprobs needs body.logprobs set to true",
         )
 
+    dialect = _dialect(target)
+    _check_reasoning_effort(body, target, dialect, failed, problems)
     tools = body.get("tools")
     choice = body.get("tool_choice")
     tools_ok = "body.tools" not in failed
@@ -764,12 +815,13 @@ def _check_structured(
                     LineCode.INVALID_PARAMETER,
                     f"body.{key} needs body.tools; add tools",
                 )
-    elif tools_ok and target is not None and not target.tool_call_format:
+    elif tools_ok and target is not None and dialect.tools is None:
         problems.add(
             "body.tools",
             LineCode.UNSUPPORTED_PARAMETER,
-            "body.tools: this model's chat template has no tool-call format, so it cannot "
-            "take tools; remove them or choose a model that supports tools",
+            f"body.tools: model {target.name!r} has no tool-call syntax (dialect "
+            f"{dialect.name}), so it cannot take tools; remove them or choose a model that "
+            "supports tools",
         )
         tools_ok = False
     elif tools_ok and type(choice) is dict and "body.tool_choice" not in failed:
@@ -782,7 +834,6 @@ def _check_structured(
             )
 
     # Compile each schema on its own, so that an error names the schema at fault.
-    tool_format = (target.tool_call_format if target is not None else "") or "hermes"
     parts: list[tuple[str, dict[str, Any]]] = []
     if body.get("response_format") is not None and "body.response_format" not in failed:
         parts.append(
@@ -801,7 +852,7 @@ def _check_structured(
             )
     for field, part in parts:
         try:
-            check_grammar(part, tool_call_format=tool_format)
+            check_grammar(part, dialect if dialect.tools is not None else DIALECTS["hermes"])
         except GrammarError as exc:
             code = LineCode.UNSUPPORTED_PARAMETER if exc.unsupported else LineCode.INVALID_PARAMETER
             problems.add(field, code, f"{field}: {exc.message}")

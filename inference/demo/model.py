@@ -283,7 +283,7 @@ def demo_revision_fields(path: Path, size: str) -> dict[str, Any]:
         "context_length": CONTEXT_LENGTH,
         "dtype": "auto",
         "modalities": ["text"],
-        "tool_call_format": "hermes",
+        "dialect": "hermes",
     }
 
 

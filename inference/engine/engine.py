@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from .blocks import BlockManager
+from .decoding import TextDecoder, token_ids
 from .pacing import BatchPacer
 from .runner import ModelRunner
 from .runs import MAX_RUN_STEPS, DecodeRun
@@ -90,10 +91,15 @@ class Engine:
         processor: Any = None,
         interactive_step_seconds: float = DEFAULT_INTERACTIVE_STEP_SECONDS,
         ranks_check: Callable[[], None] | None = None,
+        markup_tokens: Collection[str] = (),
+        turn_end_tokens: Collection[str] = (),
     ) -> None:
         """`interactive_step_seconds`: the step time kept while interactive requests are in
         flight, by holding back batch work (pacing.py; 0 turns it off). `ranks_check`: on
-        tensor-parallel ranks, whether every rank is still there (lockstep.ranks_check)."""
+        tensor-parallel ranks, whether every rank is still there (lockstep.ranks_check).
+        `markup_tokens`: special tokens of the revision's dialect, kept in the text
+        (decoding.py); `turn_end_tokens`: the dialect's tokens that end a reply, beside the
+        model's end-of-sequence ids."""
         self._runner = ModelRunner(
             model,
             tokenizer,
@@ -116,7 +122,8 @@ class Engine:
         self.media_modalities = self._runner.media_modalities
         self.eos_token_ids = frozenset(
             eos_token_ids if eos_token_ids is not None else _model_eos_ids(model, tokenizer)
-        )
+        ) | frozenset(token_ids(tokenizer, turn_end_tokens))
+        self._decoder = TextDecoder(tokenizer, markup_tokens)
         self.busy_seconds_total = 0.0  # over the engine's life; the results' shares sum to it
         self._eos_sorted = sorted(self.eos_token_ids)
         if max_step_tokens is None:
@@ -262,7 +269,7 @@ class Engine:
             request = seq.owner.request
             if not request.stream:
                 continue
-            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            text = self._decoder.decode(seq.tokens)
             end = len(text.rstrip("\ufffd"))
             end -= _stop_prefix(text[:end], request.params.stop)
             if end > seq.sent:
@@ -462,7 +469,7 @@ class Engine:
         else:
             return None
         if text is None:
-            text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+            text = self._decoder.decode(seq.tokens)
         seq.owner.choices[seq.choice] = Choice(
             index=seq.choice,
             token_ids=list(seq.tokens),
@@ -477,10 +484,10 @@ class Engine:
         # A token is at least one byte and a character at most four, so this many tail tokens
         # hold any stop string that the newest token could have completed.
         tail = 4 * max(len(s) for s in stops) + 4
-        recent = self.tokenizer.decode(tokens[-tail:], skip_special_tokens=True)
+        recent = self._decoder.decode(tokens[-tail:])
         if not any(s in recent for s in stops):
             return None
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self._decoder.decode(tokens)
         cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
         return text[: min(cuts)] if cuts else None
 

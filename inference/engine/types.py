@@ -59,8 +59,11 @@ class SamplingParams:
     top_logprobs: int = 0  # and this many most likely alternatives (0-20)
     constraint: ConstraintSpec | None = None
     # Set when the request's tools are enforced and their calls are read back
-    # (inference/structured.py); echoed to the completion through GenerationResult.params.
+    # (inference/dialects); echoed to the completion through GenerationResult.params.
     tool_calls: ToolCalls | None = None
+    # Echoed too: the prompt already opened the reasoning, so the reply begins inside it
+    # (inference/dialects: `Dialect.opened`).
+    reasoning_opened: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,9 @@ class TokenLogprob:
 class Choice:
     index: int
     token_ids: list[int]  # every generated token, the end-of-sequence token included
-    text: str  # decoded, special tokens skipped, cut before the first stop string
+    # Decoded, special tokens skipped but the dialect's markup (decoding.py), cut before the
+    # first stop string.
+    text: str
     finish_reason: str  # FINISH_STOP | FINISH_LENGTH
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
 

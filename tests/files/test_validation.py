@@ -740,7 +740,7 @@ def test_parameter_the_engine_cannot_honour_is_rejected(name):
 
 
 TOOLS_TARGET = ModelTarget(
-    name=MODEL, context_length=4096, media=frozenset(), tool_call_format="hermes"
+    name=MODEL, context_length=4096, media=frozenset(), dialect="hermes"
 )
 WEATHER = {
     "type": "function",

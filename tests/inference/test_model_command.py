@@ -91,7 +91,7 @@ def test_inspect_describes_the_revision_without_loading_weights(tiny_model_dir: 
     layers, heads = config["num_hidden_layers"], config["num_key_value_heads"]
     assert found["kv_bytes_per_token"] == layers * heads * config["head_dim"] * 2 * 2  # bf16
     assert found["modalities"] == ["text"]
-    assert found["tool_call_format"] == "hermes"
+    assert found["dialect"] == "hermes"
     assert found["eos_token_ids"] == config["eos_token_id"]
     assert found["quantization"] is None
     shorter = model("inspect", str(tiny_model_dir), "--context-length", "512", "--dtype", "float32")
@@ -206,7 +206,7 @@ def test_add_checks_the_model_runs_then_lists_it_for_batch(tiny_model_dir: Path,
     assert added["prices"] == {"input": 100, "cached_input": 50, "output": 400}
     revision = ModelRevision.objects.get(id=added["revision"]["id"])
     assert revision.weights == str(tiny_model_dir.resolve())
-    assert revision.context_length == 2048 and revision.tool_call_format == "hermes"
+    assert revision.context_length == 2048 and revision.dialect == "hermes"
     listed = model("list")
     assert [m["name"] for m in listed["catalog"]] == ["acme/chat"]
     # Users can run batches on it right away.
@@ -376,7 +376,7 @@ def test_the_admin_refuses_a_revision_the_engine_cannot_serve(client, broken, ti
     path = broken(lambda p: _edit_json(p / "config.json", model_type="mamba"))
     form = {
         "label": "x", "weights": str(path), "context_length": 2048, "dtype": "auto",
-        "modalities": '["text"]', "tool_call_format": "",
+        "modalities": '["text"]', "dialect": "",
     }  # fmt: skip
     response = client.post("/admin/inference/modelrevision/add/", form)
     assert response.status_code == 200

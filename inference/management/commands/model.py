@@ -74,6 +74,12 @@ def _inspection_options(parser: ArgumentParser) -> None:
         "--dtype", default=None, help="auto (default), bfloat16, float16 or float32."
     )
     parser.add_argument(
+        "--dialect",
+        default=None,
+        help="How the model writes reasoning and tool calls (default: found in its chat "
+        'template; docs/API.md "Model dialects").',
+    )
+    parser.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=1,
@@ -172,9 +178,10 @@ class Command(BaseCommand):
         context_length: int | None,
         dtype: str | None,
         tensor_parallel_size: int,
+        dialect: str | None,
         **_: Any,
     ) -> dict[str, Any]:
-        found, refused = _inspected(directory, context_length, dtype, tensor_parallel_size)
+        found, refused = _inspected(directory, context_length, dtype, tensor_parallel_size, dialect)
         if refused:  # the directory is fine; `add` here would refuse
             found.notes.append(f"not servable on this machine: {refused}")
         return found.as_dict()
@@ -193,6 +200,7 @@ class Command(BaseCommand):
         gpu_second_price: int | None,
         check: bool,
         tensor_parallel_size: int,
+        dialect: str | None,
         **options: Any,
     ) -> dict[str, Any]:
         model_name_check(name=name)
@@ -211,7 +219,7 @@ class Command(BaseCommand):
         else:
             # Before the revision is made (and --check runs): a refusal creates nothing.
             catalog_prices_check(prices=prices, interactive_prices=interactive)
-        inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
+        inspection = _servable(weights, context_length, dtype, tensor_parallel_size, dialect)
         missing = set(batch_media) - set(inspection.modalities)
         if missing:
             raise CommandError(
@@ -252,10 +260,11 @@ class Command(BaseCommand):
         label: str | None,
         check: bool,
         tensor_parallel_size: int,
+        dialect: str | None,
         **_: Any,
     ) -> dict[str, Any]:
         target = _named(name)
-        inspection = _servable(weights, context_length, dtype, tensor_parallel_size)
+        inspection = _servable(weights, context_length, dtype, tensor_parallel_size, dialect)
         revision, checked = _revision(inspection, name=name, label=label, check=check)
         if isinstance(target, CatalogModel):
             catalog_model_set_revision(model=target, revision=revision)
@@ -326,7 +335,11 @@ def _named(name: str) -> CatalogModel | Deployment:
 
 
 def _inspected(
-    weights: str, context_length: int | None, dtype: str | None, tensor_parallel_size: int
+    weights: str,
+    context_length: int | None,
+    dtype: str | None,
+    tensor_parallel_size: int,
+    dialect: str | None,
 ) -> tuple[Inspection, str | None]:
     """The directory's inspection, and what keeps this machine from serving it (or None)."""
     inspection = model_inspect(
@@ -334,15 +347,20 @@ def _inspected(
         context_length=context_length,
         dtype=dtype,
         tensor_parallel_size=tensor_parallel_size,
+        dialect=dialect,
     )
     return inspection, _machine_refusal(inspection)
 
 
 def _servable(
-    weights: str, context_length: int | None, dtype: str | None, tensor_parallel_size: int
+    weights: str,
+    context_length: int | None,
+    dtype: str | None,
+    tensor_parallel_size: int,
+    dialect: str | None,
 ) -> Inspection:
     """The inspection of a directory this machine can serve, else InspectionRefused."""
-    inspection, refused = _inspected(weights, context_length, dtype, tensor_parallel_size)
+    inspection, refused = _inspected(weights, context_length, dtype, tensor_parallel_size, dialect)
     if refused:
         raise InspectionRefused(refused)
     return inspection
@@ -402,7 +420,7 @@ def _revision_row(revision: ModelRevision) -> dict[str, Any]:
         "context_length": revision.context_length,
         "dtype": revision.dtype,
         "modalities": revision.modalities,
-        "tool_call_format": revision.tool_call_format,
+        "dialect": revision.dialect,
         "tensor_parallel_size": revision.tensor_parallel_size,
     }
 
