@@ -83,11 +83,16 @@ def sampling_params(
     ids, the grammar is written in the revision's dialect, its markers as the vocabulary's
     tokens, and a prompt that opened the reasoning is noted."""
     dialect = dialect_of(tokenizer)
-    opened = False
+    opened = closed = False
     if tokenizer is not None and prompt:
-        opened = dialect.opened(tokenizer.decode(prompt[-8:], skip_special_tokens=False))
+        tail = tokenizer.decode(prompt[-8:], skip_special_tokens=False)
+        opened, closed = dialect.opened(tail), dialect.closed(tail)
     marks = _marks(tokenizer, dialect) if tokenizer is not None else Marks()
-    grammar = dialect.grammar(body, opened=opened, marks=marks)
+    # `closed` only where it says something (a dialect that reasons in a syntax of its own
+    # never closes its reasoning in the prompt).
+    grammar = dialect.grammar(
+        body, opened=opened, marks=marks, **({"closed": True} if closed else {})
+    )
     stop = body.get("stop")
     stops: tuple[str, ...] = (stop,) if isinstance(stop, str) else tuple(stop or ())
     if output_constrained(body):

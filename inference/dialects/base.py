@@ -134,6 +134,11 @@ class Dialect:
             renamed.append(message)
         return renamed
 
+    def closed(self, prompt_tail: str) -> bool:
+        """Whether the prompt (ending with `prompt_tail`) already closed an empty reasoning, so
+        the reply is the answer alone (Qwen3 and DeepSeek V3.1 with thinking off)."""
+        return self.thinking is not None and prompt_tail.rstrip().endswith(self.thinking.close)
+
     def opened(self, prompt_tail: str) -> bool:
         """Whether the prompt (ending with `prompt_tail`) already opened the reasoning, so the
         reply begins inside it (R1 distills always; Qwen3 and DeepSeek V3.1 never do)."""
@@ -142,14 +147,22 @@ class Dialect:
     # -- grammars -------------------------------------------------------------------------
 
     def grammar(
-        self, body: Mapping[str, Any], *, opened: bool = False, marks: Marks | None = None
+        self,
+        body: Mapping[str, Any],
+        *,
+        opened: bool = False,
+        marks: Marks | None = None,
+        closed: bool = False,
     ) -> str | None:
         """The llguidance grammar of a body's reply; None when it is free text. Reasoning is
-        free; the answer after it is held to the schema or the tool calls."""
+        free; the answer after it is held to the schema or the tool calls. `closed`: the
+        prompt closed the reasoning, so the reply is the answer alone."""
         marks = marks or Marks()
         answer = self.answer_rules(body, marks=marks)
         if answer is None:
             return None
+        if closed:
+            return lark(["start: answer", *answer])
         return lark(self.reasoning_rules(opened=opened, marks=marks) + answer)
 
     def reasoning_rules(self, *, opened: bool, marks: Marks) -> list[str]:
