@@ -30,7 +30,7 @@ from boardwalk.errors import (
 )
 from boardwalk.faultpoints import fault_point
 from boardwalk.models import Organization
-from files.counting import file_prompt_tokens
+from files.counting import TemplateRefused, file_prompt_tokens
 from files.crypto import Keyring, new_data_key
 from files.limits import ACCEPTED_INPUT_TTL
 from files.models import File
@@ -167,6 +167,17 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         )
         try:
             items = _count_items(file, tokenizer)
+        except TemplateRefused as exc:
+            # A 400 naming the line, never a 500: the line is what to change (its content is
+            # never quoted). Nothing is created.
+            custom_id = (file.line_index or [])[exc.index][2]
+            raise InvalidRequest(
+                f"Request {exc.index + 1} of the input file (custom_id {custom_id!r}) cannot be "
+                f"rendered by the chat template of {target.name!r}: the template refuses its "
+                "messages or tools. Fix that request and upload the file again.",
+                code=ErrorCode.INVALID_INPUT_FILE,
+                param="input_file_id",
+            ) from exc
         except Exception:
             # A DELETE that landed while we read destroys the key and the blob under us; the
             # row lock waits for that delete to commit, so the check sees its outcome.

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
+from jinja2.exceptions import TemplateError
 
 from boardwalk.errors import ServiceUnavailable
 from files.crypto import CryptoError
@@ -45,6 +46,7 @@ def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str
     for a file deleted or unreadable meanwhile (KeyDestroyed, ServiceUnavailable).
     """
     spans = [line_index_span(row) for row in file.line_index or []]
+    first = 0  # the line index of the chunk's first body
     # Counted in chunks (one batched encode each); a chunk holds at most this much of the
     # file's lines, or one line.
     chunk: list[dict[str, Any]] = []
@@ -53,10 +55,32 @@ def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str
         chunk.append(body)
         size += span[1]
         if len(chunk) >= COUNT_CHUNK_LINES or size >= COUNT_CHUNK_BYTES:
-            yield from zip(chunk, prompt_token_counts(tokenizer, chunk), strict=True)
+            yield from zip(chunk, _counts(tokenizer, chunk, first), strict=True)
+            first += len(chunk)
             chunk, size = [], 0
     if chunk:
-        yield from zip(chunk, prompt_token_counts(tokenizer, chunk), strict=True)
+        yield from zip(chunk, _counts(tokenizer, chunk, first), strict=True)
+
+
+class TemplateRefused(Exception):
+    """The revision's chat template refused a line's messages (it raised, or ran past the
+    render bounds). `index` is the line's position in the file's line index."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"line index {index}")
+        self.index = index
+
+
+def _counts(tokenizer: Any, chunk: list[dict[str, Any]], first: int) -> list[int]:
+    try:
+        return prompt_token_counts(tokenizer, chunk)
+    except TemplateError:
+        for offset, body in enumerate(chunk):  # which line: the first the template refuses
+            try:
+                prompt_token_counts(tokenizer, [body])
+            except TemplateError:
+                raise TemplateRefused(first + offset) from None
+        raise
 
 
 def file_count_prompt_tokens(*, file_id: str) -> bool:

@@ -369,3 +369,27 @@ def test_unloadable_revision_at_acceptance_is_503_and_creates_nothing(
     assert Batch.objects.count() == 0
     assert not LedgerEntry.objects.filter(kind="hold").exists()
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_request_the_chat_template_refuses_is_a_400_naming_it_and_creates_nothing(
+    api: Api, tenant: Tenant, catalog_model
+):
+    # A template that refuses some messages (GPT-OSS's does when a tool has no description;
+    # this one refuses a word): counting the file at acceptance renders every request.
+    revision = catalog_model.revision
+    revision.chat_template = (
+        "{% for m in messages %}{% if m.content == 'refuse me' %}"
+        "{{ raise_exception('refused') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    revision.save()
+    upload = api.upload(jsonl(request_line("fine"), request_line("task-2", content="refuse me")))
+    assert upload.status_code == 200, upload.content
+    before = credit_for_org(org_id=tenant.org.id)
+    response = create(api, upload.json()["id"])
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid_input_file" and error["param"] == "input_file_id"
+    assert "Request 2" in error["message"] and "'task-2'" in error["message"]
+    assert "refuse me" not in error["message"]  # the content is never quoted
+    assert not Batch.objects.exists() and not BatchItem.objects.exists()
+    assert credit_for_org(org_id=tenant.org.id) == before
