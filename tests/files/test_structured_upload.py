@@ -58,3 +58,35 @@ def test_a_recursive_schema_that_can_end_is_uploaded(api: Api, catalog_model, sc
 
     assert response.status_code == 200, response.content
     assert File.objects.get(id=response.json()["id"]).line_count == 2
+
+
+@pytest.mark.parametrize(
+    ("dialect", "fields", "field", "says"),
+    [
+        ("plain", {"tools": [tool({"type": "object"})]}, "body.tools", "no tool-call syntax"),
+        ("plain", {"reasoning_effort": "low"}, "body.reasoning_effort", "no reasoning setting"),
+        ("hermes", {"reasoning_effort": "high"}, "body.reasoning_effort", "no reasoning setting"),
+        ("harmony", {"reasoning_effort": "none"}, "body.reasoning_effort", "low, medium, high"),
+    ],
+)
+def test_a_field_the_models_dialect_cannot_honour_is_a_400_naming_it_and_stores_nothing(
+    api: Api, catalog_model, tmp_path: Path, dialect, fields, field, says
+):
+    catalog_model.revision.dialect = dialect
+    catalog_model.revision.save()
+
+    response = api.upload(jsonl(request_line("ok"), request_line("bad", **fields)))
+
+    assert response.status_code == 400
+    (detail,) = response.json()["error"]["details"]
+    assert (detail["line"], detail["field"], detail["code"]) == (2, field, "unsupported_parameter")
+    assert catalog_model.name in detail["message"] and says in detail["message"]
+    assert File.objects.count() == 0
+    assert not any((tmp_path / "content").rglob("*.enc"))
+
+
+def test_reasoning_effort_is_uploaded_for_a_model_that_takes_it(api: Api, catalog_model):
+    catalog_model.revision.dialect = "qwen3"
+    catalog_model.revision.save()
+    response = api.upload(jsonl(request_line("think", reasoning_effort="none")))
+    assert response.status_code == 200, response.content

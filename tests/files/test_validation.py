@@ -739,9 +739,7 @@ def test_parameter_the_engine_cannot_honour_is_rejected(name):
     )
 
 
-TOOLS_TARGET = ModelTarget(
-    name=MODEL, context_length=4096, media=frozenset(), dialect="hermes"
-)
+TOOLS_TARGET = ModelTarget(name=MODEL, context_length=4096, media=frozenset(), dialect="hermes")
 WEATHER = {
     "type": "function",
     "function": {
@@ -1079,3 +1077,66 @@ def test_error_messages_never_quote_the_line():
     for error in report.errors:
         assert SECRET not in error.message and SECRET not in error.field
         assert error.message.startswith(f"Line {error.line}: ")
+
+
+# -- what a model's dialect takes (docs/API.md "Model dialects") -------------------------------
+
+QWEN3_TARGET = ModelTarget(name=MODEL, context_length=4096, media=frozenset(), dialect="qwen3")
+HARMONY_TARGET = ModelTarget(name=MODEL, context_length=4096, media=frozenset(), dialect="harmony")
+
+
+def test_tools_on_a_model_without_a_tool_syntax_are_refused_naming_the_model():
+    # TEXT_ONLY speaks the plain dialect (Gemma 3, Phi-3.5, unknown templates).
+    assert body_error(tools=[WEATHER]) == (2, "body.tools", "unsupported_parameter")
+    report = validate(jsonl(make_request("bad", tools=[WEATHER])))
+    assert f"model {MODEL!r} has no tool-call syntax (dialect plain)" in report.errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("target", "effort"),
+    [
+        (QWEN3_TARGET, "none"),
+        (QWEN3_TARGET, "minimal"),
+        (QWEN3_TARGET, "high"),
+        (HARMONY_TARGET, "low"),
+        (HARMONY_TARGET, "medium"),
+        (HARMONY_TARGET, "high"),
+        (QWEN3_TARGET, None),
+    ],
+)
+def test_reasoning_effort_is_taken_where_the_dialect_has_the_value(target, effort):
+    report = validate(jsonl(make_request("ok", reasoning_effort=effort)), target=target)
+    assert report.ok, report.errors
+
+
+@pytest.mark.parametrize(
+    ("target", "effort", "code", "says"),
+    [
+        (TEXT_ONLY, "high", "unsupported_parameter", "has no reasoning setting (dialect plain)"),
+        (TOOLS_TARGET, "low", "unsupported_parameter", "has no reasoning setting (dialect hermes)"),
+        (HARMONY_TARGET, "minimal", "unsupported_parameter", "takes low, medium, high"),
+        (QWEN3_TARGET, "extreme", "invalid_parameter", "must be one of none, minimal"),
+        (QWEN3_TARGET, 3, "invalid_parameter", "must be one of none, minimal"),
+    ],
+)
+def test_reasoning_effort_a_model_cannot_honour_is_refused(target, effort, code, says):
+    report = validate(
+        jsonl(make_request("ok"), make_request("bad", reasoning_effort=effort)), target=target
+    )
+    assert only_error(report) == (2, "body.reasoning_effort", code)
+    assert says in report.errors[0].message
+
+
+def test_an_earlier_turn_may_carry_its_reasoning_and_nothing_else_new():
+    history = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "Simple sum."},
+        {"role": "user", "content": "And 3+3?"},
+    ]
+    assert validate(jsonl(make_request("ok", messages=history)), target=QWEN3_TARGET).ok
+    bad = [*history[:1], {**history[1], "reasoning_content": 7}, history[2]]
+    report = validate(jsonl(make_request("ok"), make_request("bad", messages=bad)))
+    assert only_error(report) == (2, "body.messages[1].reasoning_content", "invalid_message")
+    stray = [{**history[0], "reasoning_content": "x"}]
+    report = validate(jsonl(make_request("ok"), make_request("bad", messages=stray)))
+    assert only_error(report) == (2, "body.messages[0].reasoning_content", "unknown_field")

@@ -385,3 +385,42 @@ def test_the_admin_refuses_a_revision_the_engine_cannot_serve(client, broken, ti
     ok = client.post("/admin/inference/modelrevision/add/", form | {"weights": str(tiny_model_dir)})
     assert ok.status_code == 302
     assert ModelRevision.objects.get().weights == str(tiny_model_dir)
+
+
+def test_inspect_names_the_dialect_and_dialect_overrides_it(tiny_model_dir: Path):
+    found = model("inspect", str(tiny_model_dir))
+    assert found["dialect"] == "hermes"
+    assert found["notes"][0].startswith("dialect hermes (found in the chat template):")
+    assert "tool calls in the hermes syntax" in found["notes"][0]
+    chosen = model("inspect", str(tiny_model_dir), "--dialect", "qwen3")
+    assert chosen["dialect"] == "qwen3"
+    assert chosen["notes"][0].startswith("dialect qwen3 (chosen with --dialect):")
+    assert "reasoning_effort none/minimal/low/medium/high/xhigh" in chosen["notes"][0]
+    message, _ = refused("inspect", str(tiny_model_dir), "--dialect", "klingon")
+    assert "unknown dialect 'klingon'; choose one of hermes, qwen3" in message
+
+
+def test_add_records_the_dialect_chosen(tiny_model_dir: Path):
+    made = model("add", "acme/thinker", "--weights", str(tiny_model_dir), "--dialect", "qwen3")
+    assert made["revision"]["dialect"] == "qwen3"
+    assert ModelRevision.objects.get(id=made["revision"]["id"]).dialect == "qwen3"
+
+
+def test_a_template_no_dialect_knows_is_plain_and_inspect_says_what_that_means(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    target = tmp_path / "plain-model"
+    shutil.copytree(tiny_model_dir, target)
+    config_path = target / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    )
+    config_path.write_text(json.dumps(config))
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    found = model("inspect", str(target))
+    assert found["dialect"] == "plain"
+    assert (
+        "replies are plain text, and rows with tools or reasoning_effort are refused"
+        in (found["notes"][0])
+    )
