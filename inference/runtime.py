@@ -138,6 +138,7 @@ def _engine_options(revision: ModelRevision) -> dict[str, Any]:
         # The dialect's markup stays in the decoded text, and its turn ends stop a reply.
         "markup_tokens": dialect_named(revision.dialect).markup,
         "turn_end_tokens": dialect_named(revision.dialect).turn_ends,
+        "cuda_graphs": settings.ENGINE_CUDA_GRAPHS,
     }
 
 

@@ -267,6 +267,22 @@ EXECUTION_RECORD_GROUP = env_int("BOARDWALK_EXECUTION_RECORD_GROUP", 64)
 # "transformers" (the real engine) or "fake:<step ms>" (fixed-time steps, for the scale
 # benchmark: it measures coordination, not the model).
 ENGINE_BACKEND = env_str("BOARDWALK_ENGINE_BACKEND", "transformers")
+# Decoding steps captured as CUDA graphs (inference/engine/graphs.py): on CUDA, one device per
+# engine; off only to measure what they give.
+ENGINE_CUDA_GRAPHS = env_bool("BOARDWALK_ENGINE_CUDA_GRAPHS", True)
+# The interactive tier (POST /v1/chat/completions; docs/API.md).
+# Requests of one organization in flight at once (its answer's x-ratelimit-*-requests).
+INTERACTIVE_MAX_CONCURRENT = env_int("BOARDWALK_INTERACTIVE_MAX_CONCURRENT", 16)
+# Prompt + max output tokens one organization may start per minute.
+INTERACTIVE_TOKENS_PER_MINUTE = env_int("BOARDWALK_INTERACTIVE_TOKENS_PER_MINUTE", 200_000)
+# How long a request waits for a worker to take it before it answers 503.
+INTERACTIVE_QUEUE_SECONDS = env_float("BOARDWALK_INTERACTIVE_QUEUE_SECONDS", 30.0)
+# The longest a request runs once taken (then it is aborted and answers 503).
+INTERACTIVE_TIMEOUT_SECONDS = env_float("BOARDWALK_INTERACTIVE_TIMEOUT_SECONDS", 600.0)
+# A worker that served an interactive request keeps its engine this long for the next.
+INTERACTIVE_LINGER_SECONDS = env_float("BOARDWALK_INTERACTIVE_LINGER_SECONDS", 30.0)
+# Seconds a flex request without headroom is told to wait (Retry-After).
+INTERACTIVE_FLEX_RETRY_AFTER = env_int("BOARDWALK_INTERACTIVE_FLEX_RETRY_AFTER", 2)
 SWEEP_INTERVAL_SECONDS = env_int("BOARDWALK_SWEEP_INTERVAL_SECONDS", 15)
 IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
 # Deployment batches hold an estimate of their GPU time (SPEC §8 decision): this many

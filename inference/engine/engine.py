@@ -93,13 +93,14 @@ class Engine:
         ranks_check: Callable[[], None] | None = None,
         markup_tokens: Collection[str] = (),
         turn_end_tokens: Collection[str] = (),
+        cuda_graphs: bool | None = None,
     ) -> None:
         """`interactive_step_seconds`: the step time kept while interactive requests are in
         flight, by holding back batch work (pacing.py; 0 turns it off). `ranks_check`: on
         tensor-parallel ranks, whether every rank is still there (lockstep.ranks_check).
         `markup_tokens`: special tokens of the revision's dialect, kept in the text
         (decoding.py); `turn_end_tokens`: the dialect's tokens that end a reply, beside the
-        model's end-of-sequence ids."""
+        model's end-of-sequence ids. `cuda_graphs`: capture decoding steps (graphs.py)."""
         self._runner = ModelRunner(
             model,
             tokenizer,
@@ -110,6 +111,7 @@ class Engine:
             max_num_blocks=max_num_blocks,
             processor=processor,
             ranks_check=ranks_check,
+            cuda_graphs=cuda_graphs,
         )
         self.model = model
         self.tokenizer = tokenizer

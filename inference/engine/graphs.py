@@ -9,7 +9,7 @@ host's work per step no longer grows with the model's layers, and no kernel wait
 Padding rows decode token 0 at length 1 with an all-zero table: they write slot 0 of block 0,
 which no real row reads unmasked (a masked key only has to hold finite numbers, and these do).
 
-Only on CUDA, where `BOARDWALK_ENGINE_CUDA_GRAPHS` is not off, and never across
+Only on CUDA, where the engine's `cuda_graphs` option is not off, and never across
 tensor-parallel ranks; a bucket whose capture fails is
 run eagerly from then on, and so is every step a bucket does not cover (a step longer than the
 largest width, media rows, prompt pieces).
@@ -18,7 +18,6 @@ largest width, media rows, prompt pieces).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,24 +26,20 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ENV = "BOARDWALK_ENGINE_CUDA_GRAPHS"
-_OFF = {"0", "false", "no", "off"}
 
 # (token ids [rows, 1], tables [rows, width], lengths [rows]) -> last-position logits [rows, V]
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def graphs_wanted(device: torch.device, setting: bool | None = None) -> bool:
-    """Whether decoding steps are captured: `setting` when given, else the environment's
-    `BOARDWALK_ENGINE_CUDA_GRAPHS` (on unless 0/false/no/off); never off CUDA, nor in a
+    """Whether decoding steps are captured: `setting` (the engine's `cuda_graphs` option,
+    BOARDWALK_ENGINE_CUDA_GRAPHS in project/settings.py; None: on); never off CUDA, nor in a
     process that is one of several ranks."""
     if device.type != "cuda":
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False  # tensor-parallel ranks: their collectives stay uncaptured
-    if setting is not None:
-        return setting
-    return os.environ.get(ENV, "1").strip().lower() not in _OFF
+    return setting is not False
 
 
 def bucket(n: int) -> int:

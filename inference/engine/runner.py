@@ -61,9 +61,9 @@ class ModelRunner:
     ) -> None:
         """Refuses (ValueError) a model whose attention the pool cannot serve; sizes the pool
         from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`).
-        `cuda_graphs`: capture decoding steps (graphs.py; None: `BOARDWALK_ENGINE_CUDA_GRAPHS`,
-        on by default), only ever on CUDA. `ranks_check`: on tensor-parallel ranks, asked
-        after a forward raised, before a request is blamed (lockstep.ranks_check)."""
+        `cuda_graphs`: capture decoding steps (graphs.py; None: on), only ever on CUDA.
+        `ranks_check`: on tensor-parallel ranks, asked after a forward raised, before a
+        request is blamed (lockstep.ranks_check)."""
         config = model.config
         attention = getattr(config, "_attn_implementation", "sdpa")
         if attention not in _SUPPORTED_ATTENTION:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -113,3 +114,31 @@ def test_content_directories_are_private(settings, tmp_path: Path):
         if directory.exists():
             assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     assert stat.S_IMODE((root / "ab" / "cd" / "blob").stat().st_mode) == 0o600
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("boardwalk", "files", "batches", "billing", "inference", "webhooks", "console")
+
+
+def test_every_variable_settings_reads_is_in_env_example():
+    read = set(
+        re.findall(
+            r'"((?:BOARDWALK|DJANGO)_[A-Z0-9_]+)"', (ROOT / "project/settings.py").read_text()
+        )
+    )
+    listed = set(re.findall(r"^#? ?([A-Z][A-Z0-9_]+)=", (ROOT / ".env.example").read_text(), re.M))
+    assert read - listed == set()
+
+
+def test_no_product_module_reads_the_environment_but_settings():
+    # project/settings.py reads every variable; boardwalk/env.py is its reader.
+    readers = re.compile(
+        r"os\.environ(?:\.get)?\s*[\[(]\s*[\"']BOARDWALK_|\benv_(?:int|float|str|bool|list|path)\("
+    )
+    found = [
+        str(path.relative_to(ROOT))
+        for package in PRODUCT
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "env.py" and readers.search(path.read_text())
+    ]
+    assert found == []

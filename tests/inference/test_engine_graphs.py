@@ -9,24 +9,26 @@ import pytest
 import torch
 
 from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
-from inference.engine.graphs import ENV, bucket, graphs_wanted
+from inference.engine.graphs import bucket, graphs_wanted
 from inference.rendering import render_prompt
 
 
-def test_graphs_are_wanted_on_cuda_only_unless_switched_off(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_graphs_are_wanted_on_cuda_only_unless_switched_off() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    monkeypatch.delenv(ENV, raising=False)
     assert graphs_wanted(cuda) and not graphs_wanted(cpu)
-    monkeypatch.setenv(ENV, "1")
-    assert not graphs_wanted(cpu) and not graphs_wanted(cpu, True)
-    for off in ("0", "false", "Off"):
-        monkeypatch.setenv(ENV, off)
-        assert not graphs_wanted(cuda)
-        assert graphs_wanted(cuda, True)  # an explicit setting wins over the environment
-    monkeypatch.setenv(ENV, "1")
+    assert graphs_wanted(cuda, True) and not graphs_wanted(cpu, True)
     assert not graphs_wanted(cuda, False)
+
+
+def test_the_setting_reaches_the_engine(settings) -> None:
+    from inference.runtime import _engine_options
+    from inference.models import ModelRevision
+
+    revision = ModelRevision(context_length=64, dialect="hermes")
+    settings.ENGINE_CUDA_GRAPHS = False
+    assert _engine_options(revision)["cuda_graphs"] is False
+    settings.ENGINE_CUDA_GRAPHS = True
+    assert _engine_options(revision)["cuda_graphs"] is True
 
 
 def test_buckets_are_powers_of_two_holding_the_size() -> None:
