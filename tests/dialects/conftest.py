@@ -43,10 +43,16 @@ def marks_for(tokenizer: Any, dialect: Dialect) -> Marks:
     return Marks(frozenset(m for m in dialect.markers if m in vocab))
 
 
+@functools.cache
+def _lltokenizer(tokenizer: Any) -> Any:
+    # Seconds for a 200k vocabulary: once per tokenizer.
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+
+
 def grammar_accepts(tokenizer: Any, grammar: str, reply: str, *, complete: bool = True) -> bool:
     """Whether the grammar lets the real tokenizer's tokens of `reply` through (and, with
     `complete`, lets the reply end there)."""
-    lltokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    lltokenizer = _lltokenizer(tokenizer)
     matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0)
     for token in tokenizer.encode(reply, add_special_tokens=False):
         if not matcher.consume_token(token):
