@@ -166,6 +166,7 @@ def _publish(batch: Batch) -> Batch:
             "usage_prompt_tokens",
             "usage_cached_tokens",
             "usage_completion_tokens",
+            "usage_reasoning_tokens",
         )
     )
     # Decide every row first (deterministically, from item states that can no longer
@@ -299,11 +300,12 @@ def _usage(published: list[BatchItem]) -> dict:
     prompt = sum(i.usage_prompt_tokens for i in published)
     cached = sum(i.usage_cached_tokens for i in published)
     completion = sum(i.usage_completion_tokens for i in published)
+    reasoning = sum(i.usage_reasoning_tokens for i in published)  # a part of `completion`
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
     }
 

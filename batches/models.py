@@ -206,6 +206,8 @@ class BatchItem(models.Model):
     usage_prompt_tokens = models.PositiveIntegerField(default=0)
     usage_cached_tokens = models.PositiveIntegerField(default=0)
     usage_completion_tokens = models.PositiveIntegerField(default=0)
+    # The part of usage_completion_tokens the model spent reasoning (charged as output).
+    usage_reasoning_tokens = models.PositiveIntegerField(default=0)
     # Set at finalization for rows durably published in the output file.
     published = models.BooleanField(default=False)
     charge_microusd = models.BigIntegerField(default=0)

@@ -69,6 +69,7 @@ def receipt_payload(item: BatchItem) -> dict[str, Any]:
             prompt=item.usage_prompt_tokens,
             cached=item.usage_cached_tokens,
             completion=item.usage_completion_tokens,
+            reasoning=item.usage_reasoning_tokens,
         ),
         "billing": item.batch.billing,
         "charge_microusd": str(item.charge_microusd),

@@ -31,6 +31,7 @@ ROLLUP_SUMS = (
     "input_tokens",
     "cached_tokens",
     "output_tokens",
+    "reasoning_tokens",
     "gpu_microseconds",
     "items_succeeded",
     "items_failed",
@@ -46,6 +47,8 @@ class UsageFacts:
     succeeded row (the rows that can be published and charged) and a cut interactive
     request (charged what it generated before it stopped); GPU time counts for every
     outcome, since deployments pay for work that ended in a failure or a cancel (SPEC §8).
+    `reasoning_tokens` is the part of `completion_tokens` the model spent reasoning: a detail
+    of the output, counted on its own and charged as output, never on top of it.
     """
 
     org_id: str
@@ -58,6 +61,7 @@ class UsageFacts:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
     gpu_microseconds: int = 0
     usage_class: UsageClass = "batch"
 
@@ -96,6 +100,7 @@ def _event_rows(facts: Iterable[UsageFacts], at: Any) -> list[tuple[Any, ...]]:
             (K.INPUT_TOKENS, f.prompt_tokens if tokens else 0),
             (K.CACHED_TOKENS, f.cached_tokens if tokens else 0),
             (K.OUTPUT_TOKENS, f.completion_tokens if tokens else 0),
+            (K.REASONING_TOKENS, f.reasoning_tokens if tokens else 0),
             (K.GPU_MICROSECONDS, f.gpu_microseconds),
         ):
             if quantity > 0:
@@ -186,6 +191,7 @@ def usage_record(*, facts: list[UsageFacts]) -> None:
             row["input_tokens"] += f.prompt_tokens
             row["cached_tokens"] += f.cached_tokens
             row["output_tokens"] += f.completion_tokens
+            row["reasoning_tokens"] += f.reasoning_tokens
         if f.outcome == "succeeded":
             row["items_succeeded"] += 1
         elif f.outcome == "failed":

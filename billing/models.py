@@ -53,6 +53,8 @@ class UsageEvent(models.Model):
         INPUT_TOKENS = "input_tokens"  # every prompt token, cached ones included
         CACHED_TOKENS = "cached_tokens"  # the part of input_tokens found in the prefix cache
         OUTPUT_TOKENS = "output_tokens"
+        # The part of output_tokens the model spent reasoning (charged as output, no more)
+        REASONING_TOKENS = "reasoning_tokens"
         GPU_MICROSECONDS = "gpu_microseconds"  # engine busy time (its share of each step)
 
     org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
@@ -96,6 +98,7 @@ class UsageRollup(models.Model):
     input_tokens = models.BigIntegerField(default=0)
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)  # the part of output_tokens reasoning
     gpu_microseconds = models.BigIntegerField(default=0)
     items_succeeded = models.BigIntegerField(default=0)
     items_failed = models.BigIntegerField(default=0)

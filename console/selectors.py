@@ -56,6 +56,7 @@ class UsageRow:
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
+    reasoning_tokens: int = 0  # the part of output_tokens that is reasoning
     gpu_microseconds: int = 0
     items_succeeded: int = 0
     items_failed: int = 0  # every failed item, those of stopped batches too (from the items)

@@ -102,7 +102,7 @@ class Record:
                 prompt_tokens=result.prompt_tokens,
                 gpu_seconds=result.busy_seconds,
             )
-        row = _result_row(f.item, result, tokenizer=self.tokenizer)
+        row, reasoning = _result_row(f.item, result, tokenizer=self.tokenizer)
         sealed = seal(self._key(f.item.batch), row, _item_aad(f.item))
         return ItemOutcome(
             f.item,
@@ -112,6 +112,7 @@ class Record:
             cached_tokens=result.cached_tokens,
             completion_tokens=result.completion_tokens,
             gpu_seconds=result.busy_seconds,
+            reasoning_tokens=reasoning,
         )
 
     def _key(self, batch: Batch) -> bytes:
@@ -120,7 +121,9 @@ class Record:
         return self._keys[batch.pk]
 
 
-def _result_row(item: BatchItem, result: GenerationResult, *, tokenizer: Any) -> bytes:
+def _result_row(item: BatchItem, result: GenerationResult, *, tokenizer: Any) -> tuple[bytes, int]:
+    """The output file's row of a result, and how many of its completion tokens are reasoning
+    (as its body's usage counts them: the item's usage, the batch's and the receipt's)."""
     batch = item.batch
     body = completion_body(
         result,
@@ -136,7 +139,7 @@ def _result_row(item: BatchItem, result: GenerationResult, *, tokenizer: Any) ->
         "response": {"status_code": 200, "request_id": item.request_id, "body": body},
         "error": None,
     }
-    return orjson.dumps(row)
+    return orjson.dumps(row), body["usage"]["completion_tokens_details"]["reasoning_tokens"]
 
 
 def _item_aad(item: BatchItem) -> bytes:

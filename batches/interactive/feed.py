@@ -200,8 +200,28 @@ class InteractiveFeed:
             return
         if result.aborted:
             self.aborted_ids.append(submitted.id)
+        # The answer is read first, so that its usage's reasoning count is what is metered;
+        # settling still comes before anything goes back, and before a failure to read it.
+        body: dict[str, Any] | None = None
+        unreadable: Exception | None = None
+        reasoning = 0
+        if not (result.aborted or result.error):
+            try:
+                body = completion_body(
+                    result,
+                    completion_id=completion_id(submitted.id),
+                    model=submitted.body["model"],
+                    model_config_id=self.key.revision_id,
+                    created=int(time.time()),
+                    tokenizer=self.tokenizer,
+                )
+                reasoning = body["usage"]["completion_tokens_details"]["reasoning_tokens"]
+            except Exception as exc:
+                unreadable = exc
         try:
-            interactive_settle(submitted, result, revision_id=self.key.revision_id)
+            interactive_settle(
+                submitted, result, revision_id=self.key.revision_id, reasoning_tokens=reasoning
+            )
         except Exception as exc:
             logger.error("interactive %s not settled: %s", submitted.id, type(exc).__name__)
             connection.close()
@@ -209,15 +229,9 @@ class InteractiveFeed:
             self._reply(submitted, "aborted")
         elif result.error:
             self._reply(submitted, "error", code=result.error)
+        elif unreadable is not None:
+            raise unreadable
         else:
-            body = completion_body(
-                result,
-                completion_id=completion_id(submitted.id),
-                model=submitted.body["model"],
-                model_config_id=self.key.revision_id,
-                created=int(time.time()),
-                tokenizer=self.tokenizer,
-            )
             self._reply(submitted, "result", body=body)
 
     # -- the feed's thread --------------------------------------------------------------------

@@ -47,8 +47,14 @@ def interactive_charge(submitted: Submitted, result: GenerationResult) -> int:
     )
 
 
-def interactive_settle(submitted: Submitted, result: GenerationResult, *, revision_id: str) -> int:
-    """Record the request's usage and charge; returns the charge in µUSD."""
+def interactive_settle(
+    submitted: Submitted, result: GenerationResult, *, revision_id: str, reasoning_tokens: int = 0
+) -> int:
+    """Record the request's usage and charge; returns the charge in µUSD.
+
+    `reasoning_tokens`: the part of the completion the model spent reasoning, as its answer's
+    usage counts it (`completion_tokens_details.reasoning_tokens`); metered as a detail of
+    the output tokens, charged as output like the rest of them."""
     outcome: Outcome = "cut" if result.aborted else ("failed" if result.error else "succeeded")
     counted = outcome != "failed"
     charge = interactive_charge(submitted, result)
@@ -66,6 +72,7 @@ def interactive_settle(submitted: Submitted, result: GenerationResult, *, revisi
                     prompt_tokens=result.prompt_tokens,
                     cached_tokens=result.cached_tokens if counted else 0,
                     completion_tokens=result.completion_tokens if counted else 0,
+                    reasoning_tokens=reasoning_tokens if counted else 0,
                     gpu_microseconds=seconds_to_microseconds(result.busy_seconds),
                     usage_class="interactive",
                 )

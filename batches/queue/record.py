@@ -34,6 +34,7 @@ class ItemOutcome:
     cached_tokens: int = 0
     completion_tokens: int = 0
     gpu_seconds: float = 0.0
+    reasoning_tokens: int = 0  # the part of completion_tokens that is reasoning
 
 
 def items_meter(outcomes: Iterable[ItemOutcome], *, released: bool = False) -> None:
@@ -54,6 +55,7 @@ def items_meter(outcomes: Iterable[ItemOutcome], *, released: bool = False) -> N
                 prompt_tokens=o.prompt_tokens,
                 cached_tokens=o.cached_tokens if o.succeeded else 0,
                 completion_tokens=o.completion_tokens if o.succeeded else 0,
+                reasoning_tokens=o.reasoning_tokens if o.succeeded else 0,
                 attempt=o.item.lease_token,
                 outcome="released" if released else "succeeded" if o.succeeded else "failed",
                 gpu_microseconds=seconds_to_microseconds(o.gpu_seconds),
@@ -92,6 +94,7 @@ def items_record(
                     [o.prompt_tokens for o in outcomes],
                     [o.cached_tokens if o.succeeded else 0 for o in outcomes],
                     [o.completion_tokens if o.succeeded else 0 for o in outcomes],
+                    [o.reasoning_tokens if o.succeeded else 0 for o in outcomes],
                     [o.item.lease_token for o in outcomes],
                     str(BatchItem.State.RUNNING),
                     worker_id,
@@ -205,6 +208,7 @@ _FENCED_WRITE = (
     "usage_prompt_tokens",
     "usage_cached_tokens",
     "usage_completion_tokens",
+    "usage_reasoning_tokens",
     "lease_owner",
     "lease_expires_at",
     "completed_at",
@@ -252,12 +256,14 @@ def _fenced_group_sql() -> str:
             ("usage_prompt_tokens", "integer"),
             ("usage_cached_tokens", "integer"),
             ("usage_completion_tokens", "integer"),
+            ("usage_reasoning_tokens", "integer"),
             ("lease_token", "bigint"),
         )
         arrays = ", ".join(f"%s::{kind}[]" for _, kind in per_row)
         names = ", ".join(f"v_{name}" for name, _ in per_row)
         assignments = ", ".join(
-            [f"{_column(name)} = v.v_{name}" for name, _ in per_row[1:7]]
+            # Every column but the id and the lease token (the fence's own)
+            [f"{_column(name)} = v.v_{name}" for name, _ in per_row[1:-1]]
             + [f"{_column('lease_owner')} = ''", f"{_column('lease_expires_at')} = NULL"]
             + [f"{_column('completed_at')} = %s"]
         )
@@ -287,6 +293,7 @@ def _record_one(cursor: Any, o: ItemOutcome, worker_id: str, at: Any) -> bool:
             o.prompt_tokens,
             o.cached_tokens if o.succeeded else 0,
             o.completion_tokens if o.succeeded else 0,
+            o.reasoning_tokens if o.succeeded else 0,
             "",
             None,
             at,
