@@ -178,6 +178,10 @@ class InteractiveFeed:
         with self._lock:
             submitted = self._inflight.get(partial.id)
             stream = self._streams.get((partial.id, partial.index))
+            if stream is None and submitted is not None and submitted.stream:
+                # Made when the request was handed over; a choice without one reads plainly.
+                stream = ReplyStream(dialect_of(self.tokenizer))
+                self._streams[(partial.id, partial.index)] = stream
         if submitted is None or not submitted.stream or stream is None:
             return
         # The dialect splits the text into reasoning and answer; its markup is never sent.
