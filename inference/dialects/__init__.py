@@ -19,8 +19,8 @@ from .base import EFFORTS, Dialect, Marks, Reply, Thinking, ToolSyntax, call_id
 from .deepseek import DeepSeekV3
 from .harmony import HARMONY
 from .hermes import Hermes
-from .llama3 import Llama3Json
-from .mistral import MistralCalls
+from .llama3 import Llama3Dialect, Llama3Json
+from .mistral import MistralCalls, MistralDialect, MistralV11Calls
 from .qwen3_coder import Qwen3CoderXml
 
 __all__ = [
@@ -46,18 +46,51 @@ def _switch(variable: str) -> dict[str, dict[str, Any]]:
     return {effort: {variable: effort not in _NO_THINKING} for effort in EFFORTS}
 
 
-PLAIN = Dialect("plain", "Gemma 3, Phi-3.5 and any template without tool calls or reasoning")
-HERMES = Dialect("hermes", "Hermes 2 Pro and 3, Qwen2.5", tools=Hermes())
+PLAIN = Dialect(
+    "plain",
+    "Gemma 3, Phi-3.5 and any template without tool calls or reasoning",
+    developer_role="system",
+)
+# ChatML turns end with <|im_end|>: a reply stops there wherever it is one token, whichever
+# end-of-sequence ids the release names.
+_IM_END = ("<|im_end|>",)
+HERMES = Dialect(
+    "hermes",
+    "Hermes 2 Pro and 3, Qwen2.5",
+    tools=Hermes(),
+    turn_ends=_IM_END,
+    developer_role="system",
+)
 QWEN3 = Dialect(
     "qwen3",
     "Qwen3 (thinking on or off)",
     tools=Hermes(),
     thinking=Thinking(),
     efforts=_switch("enable_thinking"),
+    turn_ends=_IM_END,
+    developer_role="system",
 )
-QWQ = Dialect("qwq", "QwQ (always thinks)", tools=Hermes(), thinking=Thinking())
+# llama.cpp's copy of QwQ's template closes the reasoning at once unless enable_thinking is
+# set (the release's template ignores it and always opens it).
+QWQ = Dialect(
+    "qwq",
+    "QwQ (always thinks)",
+    tools=Hermes(),
+    thinking=Thinking(),
+    variables={"enable_thinking": True},
+    turn_ends=_IM_END,
+    developer_role="system",
+)
+# DeepSeek's templates know no developer role (they drop such a message); they gather every
+# system message at the prompt's start. llama.cpp's copy of the Qwen distill's template closes
+# the reasoning at once unless enable_thinking is set (the release's template always opens it;
+# the Llama distill's ignores the variable).
 DEEPSEEK_R1 = Dialect(
-    "deepseek_r1", "DeepSeek-R1 and its Qwen and Llama distills (always think)", thinking=Thinking()
+    "deepseek_r1",
+    "DeepSeek-R1 and its Qwen and Llama distills (always think)",
+    thinking=Thinking(),
+    variables={"enable_thinking": True},
+    developer_role="system",
 )
 DEEPSEEK_V3 = Dialect(
     "deepseek_v3",
@@ -65,15 +98,26 @@ DEEPSEEK_V3 = Dialect(
     tools=DeepSeekV3(),
     thinking=Thinking(),
     efforts=_switch("thinking"),
+    developer_role="system",
 )
-QWEN3_CODER = Dialect("qwen3_coder", "Qwen3-Coder", tools=Qwen3CoderXml())
-LLAMA3 = Dialect(
+QWEN3_CODER = Dialect(
+    "qwen3_coder",
+    "Qwen3-Coder",
+    tools=Qwen3CoderXml(),
+    turn_ends=_IM_END,
+    developer_role="system",
+)
+LLAMA3 = Llama3Dialect(
     "llama3_json",
     "Llama 3.1, 3.2 and 3.3",
     tools=Llama3Json(),
     turn_ends=("<|eot_id|>", "<|eom_id|>"),
+    developer_role="system",
 )
-MISTRAL = Dialect("mistral", "Mistral Nemo, Mistral Small 3.2", tools=MistralCalls())
+MISTRAL = MistralDialect("mistral", "Mistral Nemo", tools=MistralCalls(), developer_role="system")
+MISTRAL_V11 = MistralDialect(
+    "mistral_v11", "Mistral Small 3.2", tools=MistralV11Calls(), developer_role="system"
+)
 
 DIALECTS: Mapping[str, Dialect] = {
     d.name: d
@@ -87,6 +131,7 @@ DIALECTS: Mapping[str, Dialect] = {
         DEEPSEEK_V3,
         DEEPSEEK_R1,
         MISTRAL,
+        MISTRAL_V11,
         PLAIN,
     )
 }
@@ -112,8 +157,8 @@ def detect(chat_template: str) -> Dialect:
         return DEEPSEEK_R1
     if "<tool_call>" in t and "<function=" in t:
         return QWEN3_CODER
-    if "[TOOL_CALLS]" in t:
-        return MISTRAL
+    if "[TOOL_CALLS]" in t:  # a call per [TOOL_CALLS] with [ARGS] (v11), or a JSON list
+        return MISTRAL_V11 if "[ARGS]" in t else MISTRAL
     if re.search(r'<tool_call>.{0,20}?\{"name"', t, re.DOTALL):
         if "<think>" in t and "assistant\\n<think>\\n" in t:
             return QWQ

@@ -64,6 +64,10 @@ class ToolSyntax:
     name = ""
     trigger = ""  # the text every reply that calls a tool begins its calls with
     markup: tuple[str, ...] = ()  # special tokens of the syntax, kept in the decoded text
+    # Whether the family may write text before its calls (the content, then the calls): the
+    # grammar under tool_choice auto then lets text that does not write `trigger` precede them
+    # (`Dialect.lead_rule`); else the answer is either text or calls.
+    text_before_calls = False
 
     def calls_rules(
         self, tools: list[dict[str, Any]], *, parallel: bool, marks: Marks
@@ -96,12 +100,23 @@ class Dialect:
     turn_ends: tuple[str, ...] = ()  # tokens that end a reply, beside the model's EOS ids
     # The message field the template reads an earlier turn's reasoning from.
     reasoning_field: str = "reasoning_content"
+    # The role a `developer` message reaches the template under: "system" where the template
+    # knows no developer role (ChatML, Gemma and Phi templates drop such a message, or refuse it).
+    developer_role: str = "developer"
+    # Template variables of every prompt, beside those of `reasoning_effort` (which win).
+    variables: Mapping[str, Any] = field(default_factory=dict)
 
     # -- prompts --------------------------------------------------------------------------
 
     @property
     def markup(self) -> tuple[str, ...]:
-        return self.tools.markup if self.tools is not None else ()
+        """Tokens kept in the decoded text: the call syntax's, and the reasoning markers (a
+        tokenizer that marks `<think>` special would otherwise drop them, and the reasoning
+        would read back as the answer)."""
+        found = self.tools.markup if self.tools is not None else ()
+        if self.thinking is not None:
+            found += (self.thinking.open, self.thinking.close)
+        return tuple(dict.fromkeys(found))
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -115,22 +130,26 @@ class Dialect:
         return tuple(dict.fromkeys(found))
 
     def template_options(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The template variables a body's `reasoning_effort` sets (validated at upload)."""
+        """The template variables of a body's prompt: the dialect's own, and those its
+        `reasoning_effort` sets (validated at upload)."""
+        options = dict(self.variables)
         effort = body.get("reasoning_effort")
-        if effort is None:
-            return {}
-        return dict(self.efforts.get(effort, {}))
+        if effort is not None:
+            options.update(self.efforts.get(effort, {}))
+        return options
 
     def template_messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Messages as the template reads them: an earlier turn's `reasoning_content` under
-        the field the template reads."""
-        if self.reasoning_field == "reasoning_content":
+        the field the template reads, a `developer` message under `developer_role`."""
+        if self.reasoning_field == "reasoning_content" and self.developer_role == "developer":
             return messages
         renamed = []
         for message in messages:
-            if "reasoning_content" in message:
+            if "reasoning_content" in message and self.reasoning_field != "reasoning_content":
                 message = dict(message)
                 message[self.reasoning_field] = message.pop("reasoning_content")
+            if message.get("role") == "developer":
+                message = {**message, "role": self.developer_role}
             renamed.append(message)
         return renamed
 
@@ -191,10 +210,31 @@ class Dialect:
             return ["answer: calls", *lines]
         if schema is not None:
             return ["answer: json_answer | calls", f"json_answer: {json_rule(schema)}", *lines]
+        if self.tools.text_before_calls:
+            return [
+                "answer: TEXT | lead calls",
+                self.lead_rule(marks),
+                self.free_text_rule(),
+                *lines,
+            ]
         return ["answer: TEXT | calls", self.free_text_rule(), *lines]
 
+    def lead_rule(self, marks: Marks) -> str:
+        """The text before the calls. Where the trigger is a token, text can never write it;
+        where it is text, a lazy lexeme ends at its first occurrence (llguidance's lexer does not
+        backtrack, so a greedy one would have eaten the trigger's first bytes), and the calls
+        write it again."""
+        trigger = marks(self.tools.trigger.strip()) if self.tools is not None else ""
+        if trigger.startswith('"'):
+            return f"lead[stop={trigger}]: /(.|\\n)*/"
+        return "lead: TEXT"
+
     def free_text_rule(self) -> str:
-        """Free text that does not begin like the calls (under tool_choice auto)."""
+        """Free text under tool_choice auto: text that never writes the trigger where text may
+        precede the calls, else text that does not begin like the calls."""
+        if self.tools is not None and self.tools.text_before_calls and self.tools.trigger:
+            holding = "(.|\\n)*" + _regex_escape(self.tools.trigger) + "(.|\\n)*"
+            return f"TEXT: /(.|\\n)*/ & ~/{holding}/"
         first = self.tools.trigger[:1] if self.tools is not None else ""
         if not first or first == "{":
             return "TEXT: /([^{](.|\\n)*)?/"
@@ -264,7 +304,9 @@ class Dialect:
             at = _trigger_at(content, self.tools.trigger)
             content = content[:at] if at is not None else content
             content = _without_partial(content, self.tools.trigger)
-        return reasoning or "", content
+        # Trailing blanks wait for what follows: `read` strips those before a call or after
+        # the reasoning, and the stream's closing chunk sends any the reply ends with.
+        return reasoning or "", content.rstrip()
 
 
 def call_id(seed: str, index: int) -> str:
@@ -293,6 +335,20 @@ def _without_partial(text: str, marker: str) -> str:
         if text.endswith(marker[:k]):
             return text[:-k]
     return text
+
+
+def _regex_escape(text: str) -> str:
+    """`text` as a literal of an llguidance regex (which reads `\\<` and `\\>` as word
+    boundaries, so those stay as they are)."""
+    escaped = []
+    for char in text:
+        if char == "\n":
+            escaped.append("\\n")
+        elif char.isascii() and not char.isalnum() and char not in "<>_":
+            escaped.append("\\" + char)
+        else:
+            escaped.append(char)
+    return "".join(escaped)
 
 
 def _class_escape(char: str) -> str:

@@ -21,7 +21,7 @@ from inference.engine.decoding import TextDecoder
 
 @functools.cache
 def load_family(name: str) -> Any:
-    from tests.formats.families import family_dir  # noqa: PLC0415 (built on first use)
+    from tests.formats.families import family_dir
 
     return AutoTokenizer.from_pretrained(str(family_dir(name)), local_files_only=True)
 

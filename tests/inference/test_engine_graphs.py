@@ -21,8 +21,8 @@ def test_graphs_are_wanted_on_cuda_only_unless_switched_off() -> None:
 
 
 def test_the_setting_reaches_the_engine(settings) -> None:
-    from inference.runtime import _engine_options
     from inference.models import ModelRevision
+    from inference.runtime import _engine_options
 
     revision = ModelRevision(context_length=64, dialect="hermes")
     settings.ENGINE_CUDA_GRAPHS = False
