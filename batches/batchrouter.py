@@ -1,4 +1,4 @@
-"""BatchRouter Standard assignment fields in a batch's `metadata` (SPEC §5.1).
+"""BatchRouter Standard assignment fields in a batch's `metadata` (docs/API.md "Batches").
 
 Two passes, because some rules need only the body and others need what the input file
 resolves to:

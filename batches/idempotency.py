@@ -1,4 +1,4 @@
-"""Idempotency-Key handling for POST /v1/batches (SPEC §5.1).
+"""Idempotency-Key handling for POST /v1/batches (docs/API.md "Batches").
 
 The key is taken by inserting a record (unique per org); the request that inserted it (the
 owner) does the work and then, inside the transaction that creates the batch, points the

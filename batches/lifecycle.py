@@ -1,10 +1,10 @@
 """Batch state transitions after acceptance: complete, expire, fail, and finalize.
 
 Every transition is a compare-and-set on the batch row, and finalization is idempotent
-(DESIGN decision 5): result files have deterministic ids, the batch row publishes them in one
-update, and billing keys its entries by batch. A process killed at any point leaves a state
-that the next finalize attempt (or the sweep) carries to the end; nothing is published or
-charged twice.
+(docs/ARCHITECTURE.md decision 5): result files have deterministic ids, the batch row publishes them
+in one update, and billing keys its entries by batch. A process killed at any point leaves a state
+that the next finalize attempt (or the sweep) carries to the end; nothing is published or charged
+twice.
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ def _publish(batch: Batch) -> Batch:
             code = stop_code or ItemCode.INTERNAL_ERROR
         row = error_row(item, code)
         if err_size + len(row) <= MAX_RESULT_FILE_BYTES:
-            # Rows the error file cannot hold are left for reconciliation (SPEC §6).
+            # Rows the error file cannot hold are left for reconciliation
+            # (docs/API.md "Result files").
             err_size += len(row)
             err_rows.append(row)
     output = file_publish_result(
@@ -249,9 +250,10 @@ def _publish(batch: Batch) -> Batch:
             # The webhook outbox row commits with the terminal state, or not at all.
             batch_event_record(org_id=batch.org_id, batch_id=batch.id, status=terminal)
             fault_point("batch_publish.in_transaction")  # test only: before the commit
-    # Accepted input is removed once the batch is terminal (SPEC §9), and so are the sealed
-    # per-item results, now copies of the published files. If this process dies right here,
-    # the retention sweep does both instead.
+    # Accepted input is removed once the batch is terminal
+    # (docs/API.md "Limits, retention and privacy"), and so are the sealed per-item results, now
+    # copies of the published files. If this process dies right here, the retention sweep does both
+    # instead.
     _shred_input(batch.input_file_id)
     item_results_drop(batch_id=batch.id)
     batch.refresh_from_db()
@@ -287,8 +289,8 @@ def _charges(batch: Batch, published: list[BatchItem]) -> dict[int, int]:
             )
             for item in published
         }
-    # GPU time: every item the engine worked on, published or not, every attempt (SPEC §8),
-    # in integer microseconds from the usage events.
+    # GPU time: every item the engine worked on, published or not, every attempt
+    # (docs/API.md "Billing"), in integer microseconds from the usage events.
     price = batch.gpu_second_price or 0
     return {
         item_id: gpu_charge(microseconds=us, price_per_second=price)

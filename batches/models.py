@@ -66,7 +66,7 @@ class Batch(models.Model):
 
     id = models.CharField(primary_key=True, max_length=40, default=_batch_id, editable=False)
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="batches")
-    # One batch per input file (SPEC §5.1 decision); the DB enforces it.
+    # One batch per input file (docs/API.md "Batches"); the DB enforces it.
     input_file = models.OneToOneField(File, on_delete=models.PROTECT, related_name="batch")
     endpoint = models.CharField(max_length=60, default="/v1/chat/completions")
     completion_window = models.CharField(max_length=10, default="24h")
@@ -179,8 +179,8 @@ class BatchItem(models.Model):
     custom_id = models.CharField(max_length=200)
     line_offset = models.BigIntegerField()
     line_length = models.BigIntegerField()
-    # Sectioned input (SPEC §4.2): the section line whose body and prefix the request extends.
-    # Stored once in the file, referenced by every item of the section.
+    # Sectioned input (docs/API.md "BatchRouter sectioned input"): the section line whose body and
+    # prefix the request extends. Stored once in the file, referenced by every item of the section.
     section_offset = models.BigIntegerField(null=True, blank=True)
     section_length = models.BigIntegerField(default=0)
     max_tokens = models.PositiveIntegerField()

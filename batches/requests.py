@@ -1,4 +1,5 @@
-"""Parsing of the POST /v1/batches body (SPEC §5.1): strict, every problem a clear 400."""
+"""Parsing of the POST /v1/batches body (docs/API.md "Batches"): strict, every problem a clear
+400."""
 
 from __future__ import annotations
 

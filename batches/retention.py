@@ -1,5 +1,6 @@
-"""Retention (SPEC §9): unused input after 24 h, accepted input once its batch is terminal
-(48 h after acceptance at the latest), results 7 days after the batch ended.
+"""Retention (docs/API.md "Limits, retention and privacy"): unused input after 24 h, accepted input
+once its batch is terminal (48 h after acceptance at the latest), results 7 days after the batch
+ended.
 
 Expiry is crypto-shredding: the data key is destroyed, then every stored copy of the blob.
 Each step is a compare-and-set or an idempotent delete, so any number of sweepers may run at
@@ -23,8 +24,9 @@ from files.storage import content_store
 logger = logging.getLogger(__name__)
 
 STAGING_GRACE_SECONDS = 6 * 3600  # far longer than any upload takes
-# Batches expire 24 h after acceptance and then end within minutes; this bound holds even
-# for one that did not (SPEC §9: accepted input is gone 48 h after acceptance at the latest).
+# Batches expire 24 h after acceptance and then end within minutes; this bound holds even for one
+# that did not (docs/API.md "Limits, retention and privacy": accepted input is gone 48 h after
+# acceptance at the latest).
 ACCEPTED_INPUT_TTL = dt.timedelta(hours=48)
 
 

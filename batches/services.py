@@ -220,7 +220,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
 
 
 def _check_capacity(*, org: Organization, plan: BatchPlan) -> None:
-    """429s (SPEC §5.1). Caller holds the org row lock, so counts cannot race."""
+    """429s (docs/API.md "Batches"). Caller holds the org row lock, so counts cannot race."""
     unfinished = Batch.objects.filter(org=org, status__in=Batch.UNFINISHED).count()
     if unfinished >= MAX_UNFINISHED_PER_ORG:
         raise CapacityExceeded(

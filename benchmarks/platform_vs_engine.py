@@ -1,6 +1,6 @@
 """The platform end to end against the engine alone (issue 6): generated tokens per second.
 
-(Issue 6 calls it benchmarks/platform.py; a script named platform.py in this folder would
+(Issue 6 names the script `platform.py`; a script named platform.py in this folder would
 shadow the standard library's `platform` module for every benchmark here, torch included.)
 
     # embedded default (SQLite, in-process worker):

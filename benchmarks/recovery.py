@@ -1,7 +1,8 @@
 """Recovery-copy benchmark (issue 7): what storing result files twice costs, and what a
 download served from the recovery copy costs, on the local content store.
 
-Side by side, one 20 MiB result file (the SPEC §6 maximum), warmed up, median of --runs:
+Side by side, one 20 MiB result file (the maximum, docs/API.md "Result files"), warmed up, median of
+--runs:
 
 - publish, baseline: encrypt the rows into one blob and commit it durably (what finalization
   did before recovery copies);

@@ -43,12 +43,12 @@ ROLLUP_SUMS = (
 class UsageFacts:
     """One item attempt's usage (ids and counts only, never content).
 
-    `attempt` is the lease token the item was written under. Tokens count only for a
-    succeeded row (the rows that can be published and charged) and a cut interactive
-    request (charged what it generated before it stopped); GPU time counts for every
-    outcome, since deployments pay for work that ended in a failure or a cancel (SPEC §8).
-    `reasoning_tokens` is the part of `completion_tokens` the model spent reasoning: a detail
-    of the output, counted on its own and charged as output, never on top of it.
+    `attempt` is the lease token the item was written under. Tokens count only for a succeeded row
+    (the rows that can be published and charged) and a cut interactive request (charged what it
+    generated before it stopped); GPU time counts for every outcome, since deployments pay for work
+    that ended in a failure or a cancel (docs/API.md "Billing"). `reasoning_tokens` is the part of
+    `completion_tokens` the model spent reasoning: a detail of the output, counted on its own and
+    charged as output, never on top of it.
     """
 
     org_id: str

@@ -1,4 +1,4 @@
-"""Credit as an append-only ledger (SPEC §8). Balances are derived, never stored."""
+"""Credit as an append-only ledger (docs/BILLING.md). Balances are derived, never stored."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class LedgerEntry(models.Model):
 
 
 class UsageEvent(models.Model):
-    """One integer usage fact of one item attempt (DESIGN decision 10). Append-only.
+    """One integer usage fact of one item attempt (docs/ARCHITECTURE.md decision 10). Append-only.
 
     Written in the transaction that records the item's result (or hands an aborted item
     back) under its fencing token, so a fenced-off or retried write never counts: the

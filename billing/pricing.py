@@ -1,4 +1,5 @@
-"""Money arithmetic in integer micro-USD (SPEC §8). Prices are per million tokens.
+"""Money arithmetic in integer micro-USD (docs/BILLING.md "One rounding rule"). Prices are per
+million tokens.
 
 One rounding rule for money (docs/BILLING.md): every amount is an exact integer numerator
 divided once, rounded half up (`money_div`), per request. Holds use the same rule: it is

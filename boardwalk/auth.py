@@ -1,4 +1,5 @@
-"""API key authentication and deny-by-default scope checks (SPEC §2).
+"""API key authentication and deny-by-default scope checks
+(docs/API.md "Identifiers, keys and scopes").
 
 Every API view declares `scopes`: a mapping from HTTP method to the scopes of which the key
 needs at least one. A view that declares nothing is refused, and a test walks the URLconf to

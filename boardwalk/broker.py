@@ -1,8 +1,8 @@
 """The Dramatiq broker, configured explicitly (never django-dramatiq's defaults).
 
-The broker only wakes workers (DESIGN decision 1); the database holds every item's state
-and lease, and a periodic sweep re-wakes work whose message was lost. So losing or
-duplicating a message costs latency, never work.
+The broker only wakes workers (docs/ARCHITECTURE.md decision 1); the database holds every item's
+state and lease, and a periodic sweep re-wakes work whose message was lost. So losing or duplicating
+a message costs latency, never work.
 
 - REDIS_URL set: a RedisBroker with a short heartbeat and frequent maintenance, so a killed
   worker's unacked message is re-delivered within seconds (the defaults took > 15 minutes),

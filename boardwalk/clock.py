@@ -1,4 +1,4 @@
-"""The one clock that expiry, retention and deadlines read (DESIGN decision 7).
+"""The one clock that expiry, retention and deadlines read (docs/ARCHITECTURE.md decision 7).
 
 Tests move it with `clock.travel(...)`; no test sleeps to wait for time to pass.
 """

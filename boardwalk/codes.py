@@ -5,14 +5,14 @@ Plain enums with no imports, so any layer may use them: the core, every app, and
 as, their wire values. docs/API.md lists every member of each family, and nothing else
 (tests/boardwalk/test_codes.py checks it).
 
-- `ErrorCode`: `error.code` of an API answer (SPEC §10), and `errors.data[].code` of a batch
-  that failed as a whole.
-- `LineCode`: `error.details[].code` of a refused upload, one per line problem (SPEC §4). They
-  are their own family: they name what is wrong with a line of the file, not what the request
-  did, and the whole answer's `error.code` is `invalid_input_file`. The model codes
-  (`model_not_found`, …) are in both: a line names them at upload, and `POST /v1/batches`
-  answers them when the file's model stopped being usable since.
-- `ItemCode`: `error.code` of a row of a batch's error file (SPEC §6, §10).
+- `ErrorCode`: `error.code` of an API answer (docs/API.md "Errors"), and `errors.data[].code`
+  of a batch that failed as a whole.
+- `LineCode`: `error.details[].code` of a refused upload, one per line problem
+  (docs/API.md "Upload line codes"). They are their own family: they name what is wrong with a line
+  of the file, not what the request did, and the whole answer's `error.code` is
+  `invalid_input_file`. The model codes (`model_not_found`, …) are in both: a line names them at
+  upload, and `POST /v1/batches` answers them when the file's model stopped being usable since.
+- `ItemCode`: `error.code` of a row of a batch's error file (docs/API.md "Item error codes").
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
-"""One error family and one renderer for every non-2xx answer (SPEC §10).
+"""One error family and one renderer for every non-2xx answer (docs/API.md "Errors").
 
 Views and services raise `BoardwalkError` subclasses; `exception_handler` renders them, and
 DRF's and Django's own exceptions, in the same envelope:
 
     {"error": {"type", "code", "message", "param"}}
 
-The OpenAI SDK retries 408/409/429/5xx unless told otherwise (SPEC §10a). An error that will
-succeed later sets `retry_after`: it answers `Retry-After` and `x-should-retry: true` (so the SDK
-waits and retries even where it would not by itself); any other 4xx answers
-`x-should-retry: false`, so the SDK never resends a request that cannot succeed. A database or
-broker that cannot be reached is an outage, not a bug: it answers 503 `backend_unavailable`
-with `Retry-After`, never 500.
+The OpenAI SDK retries 408/409/429/5xx unless told otherwise (docs/API.md "Errors"). An error that
+will succeed later sets `retry_after`: it answers `Retry-After` and `x-should-retry: true` (so the
+SDK waits and retries even where it would not by itself); any other 4xx answers `x-should-retry:
+false`, so the SDK never resends a request that cannot succeed. A database or broker that cannot be
+reached is an outage, not a bug: it answers 503 `backend_unavailable` with `Retry-After`, never 500.
 """
 
 from __future__ import annotations
@@ -197,7 +196,8 @@ def envelope(
 
 
 def retry_headers(status: int, *, retry_after: int | None = None) -> dict[str, str]:
-    """SPEC §10a: say when to retry, or that retrying is pointless; 5xx stays retryable."""
+    """docs/API.md "Errors": say when to retry, or that retrying is pointless; 5xx stays
+    retryable."""
     if retry_after is not None:
         return {"Retry-After": str(retry_after), "x-should-retry": "true"}
     if 400 <= status < 500 and status != 408:

@@ -1,4 +1,5 @@
-"""Opaque identifiers with a type prefix (SPEC §1): file-…, batch_…, req_…, mcfg_…, org_…."""
+"""Opaque identifiers with a type prefix (docs/API.md "Identifiers, keys and scopes"): file-…,
+batch_…, req_…, mcfg_…, org_…."""
 
 from __future__ import annotations
 

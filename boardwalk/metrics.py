@@ -9,8 +9,8 @@ Gauges come from collectors: functions an app registers in its AppConfig.ready()
 current state from the database (queue depth, batches by status, throughput from recent
 completions). The core imports no app; apps register here.
 
-Label values must never carry tenant ids or content (SPEC §9): revision ids, statuses and
-fixed reason codes only.
+Label values must never carry tenant ids or content (docs/API.md "Limits, retention and privacy"):
+revision ids, statuses and fixed reason codes only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The one way Boardwalk makes HTTP requests to addresses a customer chose (SPEC §9, §10b).
+"""The one way Boardwalk makes HTTP requests to addresses a customer chose
+(docs/API.md "Limits, retention and privacy").
 
 Webhook deliveries and image fetches go through `request()` only. Rules:
 

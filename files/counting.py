@@ -42,8 +42,9 @@ def file_prompt_tokens(*, file: File, tokenizer: Any) -> Iterator[tuple[dict[str
 
     The one loop that counts a file, for acceptance and the background count alike, so the two
     always agree. One sequential decrypting pass (sectioned files: section prefix + request,
-    SPEC §4.2); memory holds one chunk of lines (COUNT_CHUNK_*). Raises what the reader raises
-    for a file deleted or unreadable meanwhile (KeyDestroyed, ServiceUnavailable).
+    docs/API.md "BatchRouter sectioned input"); memory holds one chunk of lines (COUNT_CHUNK_*).
+    Raises what the reader raises for a file deleted or unreadable meanwhile (KeyDestroyed,
+    ServiceUnavailable).
     """
     spans = [line_index_span(row) for row in file.line_index or []]
     first = 0  # the line index of the chunk's first body

@@ -1,4 +1,5 @@
-"""Encryption of stored content (SPEC §9): a random data key per file, wrapped by a master key.
+"""Encryption of stored content (docs/ARCHITECTURE.md decision 6): a random data key per file,
+wrapped by a master key.
 
 Content is sealed in fixed chunks of AES-256-GCM so that a byte range can be decrypted and
 verified without reading the whole file. Chunk i of the stored blob starts at

@@ -1,4 +1,4 @@
-"""Limits of SPEC §9, in one place."""
+"""Limits of docs/API.md "Limits, retention and privacy", in one place."""
 
 from __future__ import annotations
 

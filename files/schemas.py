@@ -20,8 +20,9 @@ FILE: Schema = {
     },
 }
 
-# The upload form (POST /v1/files): these two fields, nothing else. The server reads the file
-# part whatever its Content-Type and filename; its lines are checked as they stream (SPEC §4).
+# The upload form (POST /v1/files): these two fields, nothing else. The server reads the file part
+# whatever its Content-Type and filename; its lines are checked as they stream
+# (docs/API.md "Standard input lines").
 FILE_UPLOAD: Schema = {
     "type": "object",
     "required": ["purpose", "file"],

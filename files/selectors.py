@@ -28,7 +28,8 @@ def file_readable_for_org(*, org: Organization, file_id: str) -> File:
 
 
 def retained_input_bytes(*, org: Organization) -> int:
-    """Bytes of the org's input files still held in storage (SPEC §9: 1 GiB per org)."""
+    """Bytes of the org's input files still held in storage
+    (docs/API.md "Limits, retention and privacy": 1 GiB per org)."""
     total = File.objects.filter(
         org=org, purpose=File.Purpose.BATCH, status=File.Status.PROCESSED
     ).aggregate(total=Sum("bytes"))["total"]

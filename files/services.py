@@ -327,9 +327,9 @@ ItemSpan = tuple[int, int, int | None, int]  # offset, length, section offset (o
 def file_iter_bodies(*, file: File, spans: Iterable[ItemSpan]) -> Iterator[dict[str, Any]]:
     """The effective request body of each item, in one sequential decrypting pass.
 
-    Spans must be in file order. For a sectioned file each span names its section line too;
-    sections are parsed once each and merged into their requests (SPEC §4.2), and a section
-    always lies above its requests, so one forward pass reads both.
+    Spans must be in file order. For a sectioned file each span names its section line too; sections
+    are parsed once each and merged into their requests (docs/API.md "BatchRouter sectioned input"),
+    and a section always lies above its requests, so one forward pass reads both.
     """
     spans = list(spans)
     section_of = {offset: s_off for offset, _, s_off, _ in spans}

@@ -1,5 +1,6 @@
 """Staff console for the catalog: every write goes through inference.services, so the admin
-keeps the rules the API and the commands keep (one name means one thing, SPEC §3)."""
+keeps the rules the API and the commands keep (one name means one thing,
+docs/API.md "Models and deployments")."""
 
 from __future__ import annotations
 

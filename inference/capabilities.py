@@ -2,7 +2,7 @@
 
 The upload validator (files/validation) and the engine (inference/engine) both read this:
 a Chat Completions field the engine cannot honour is an upload error naming the field
-(SPEC §4.1), never silently ignored.
+(docs/API.md "Input rules the engine imposes"), never silently ignored.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Model revisions, the catalog and private deployments (SPEC §3)."""
+"""Model revisions, the catalog and private deployments (docs/API.md "Models and deployments")."""
 
 from __future__ import annotations
 

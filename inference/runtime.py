@@ -1,4 +1,5 @@
-"""Per-process caches of loaded models: one engine per serving revision (DESIGN decision 4).
+"""Per-process caches of loaded models: one engine per serving revision (docs/ARCHITECTURE.md
+decision 4).
 
 Loading is slow and memory-hungry, so a worker keeps the engine while work remains and
 drops the least recently used one when it needs room for another revision.

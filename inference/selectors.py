@@ -16,7 +16,8 @@ from inference.tokenization import runnable_media_for
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """What a request's `body.model` names, for one organization (SPEC §3)."""
+    """What a request's `body.model` names, for one organization
+    (docs/API.md "Models and deployments")."""
 
     name: str
     kind: str  # "catalog" | "deployment"

@@ -1,5 +1,5 @@
 """Writes to the catalog: revisions are immutable, names unique across catalog and
-deployments (SPEC §3 decision), so `body.model` always means one thing."""
+deployments (docs/API.md "Models and deployments"), so `body.model` always means one thing."""
 
 from __future__ import annotations
 

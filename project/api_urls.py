@@ -1,4 +1,5 @@
-"""Every public endpoint under /v1 (SPEC §2's scope matrix lives on the views)."""
+"""Every public endpoint under /v1 (each view declares its scopes:
+docs/API.md "Identifiers, keys and scopes")."""
 
 from django.urls import path
 

@@ -285,20 +285,22 @@ INTERACTIVE_LINGER_SECONDS = env_float("BOARDWALK_INTERACTIVE_LINGER_SECONDS", 3
 INTERACTIVE_FLEX_RETRY_AFTER = env_int("BOARDWALK_INTERACTIVE_FLEX_RETRY_AFTER", 2)
 SWEEP_INTERVAL_SECONDS = env_int("BOARDWALK_SWEEP_INTERVAL_SECONDS", 15)
 IDEMPOTENCY_WAIT_SECONDS = env_int("BOARDWALK_IDEMPOTENCY_WAIT_SECONDS", 10)
-# Deployment batches hold an estimate of their GPU time (SPEC §8 decision): this many
-# GPU-microseconds per prompt or output token, times the deployment's price.
+# Deployment batches hold an estimate of their GPU time (docs/BILLING.md "Deployment holds"): this
+# many GPU-microseconds per prompt or output token, times the deployment's price.
 GPU_MICROSECONDS_PER_TOKEN_ESTIMATE = env_int("BOARDWALK_GPU_US_PER_TOKEN_ESTIMATE", 2_000)
 MAX_QUEUED_ITEMS = env_int("BOARDWALK_MAX_QUEUED_ITEMS", 100_000)
 MODELS_DIR = env_path("BOARDWALK_MODELS_DIR", DATA_DIR / "models")
-# Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these
-# comma-separated host:port targets are let through as named, over http too (SPEC §10b).
+# Outbound HTTP (webhooks, image fetches) reaches public https addresses only; these comma-separated
+# host:port targets are let through as named, over http too
+# (docs/API.md "Limits, retention and privacy").
 OUTBOUND_ALLOW = env_list("BOARDWALK_OUTBOUND_ALLOW", [])
 # A PEM file of the certificate authorities outbound https trusts instead of the bundled
 # public roots (a private network's CA, tests); empty: the public roots.
 OUTBOUND_CA_BUNDLE = env_str("BOARDWALK_OUTBOUND_CA_BUNDLE")
 
-# Media rows (SPEC §4.1, §9): what one image or audio part may weigh, an image's pixel count,
-# and how image URLs are fetched by the worker (time per fetch, fetches at once per worker).
+# Media rows (docs/API.md "Images and audio"): what one image or audio part may weigh, an image's
+# pixel count, and how image URLs are fetched by the worker (time per fetch, fetches at once per
+# worker).
 MEDIA_MAX_BYTES = env_int("BOARDWALK_MEDIA_MAX_BYTES", 10 * 1024 * 1024)
 MEDIA_MAX_PIXELS = env_int("BOARDWALK_MEDIA_MAX_PIXELS", 25_000_000)
 MEDIA_FETCH_TIMEOUT_SECONDS = env_float("BOARDWALK_MEDIA_FETCH_TIMEOUT_SECONDS", 10.0)

@@ -1,4 +1,5 @@
-"""One delivery attempt, and the schedule of the next (SPEC §10b: at least once, 24 hours).
+"""One delivery attempt, and the schedule of the next (docs/API.md "Webhooks": at least once, 24
+hours).
 
 An attempt first claims its delivery with a compare-and-set that pushes `next_attempt_at`
 ahead, so two messages for the same delivery (a re-drive racing the first send) do not

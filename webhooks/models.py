@@ -1,4 +1,4 @@
-"""Webhook endpoints, the event outbox, deliveries and their attempts (SPEC §10b).
+"""Webhook endpoints, the event outbox, deliveries and their attempts (docs/API.md "Webhooks").
 
 An event row is written in the same transaction that makes a batch terminal, with one
 delivery row per subscribed endpoint: the outbox. Deliveries are driven by an actor and

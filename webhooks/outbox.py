@@ -1,5 +1,5 @@
-"""The event outbox (SPEC §10b): a terminal batch writes its event and deliveries in the
-same transaction, and they are sent after commit.
+"""The event outbox (docs/API.md "Webhooks"): a terminal batch writes its event and deliveries in
+the same transaction, and they are sent after commit.
 
 Kept apart from webhooks.services because it imports the actor module, which must load only
 after the broker exists (the admin imports webhooks.services early, at autodiscovery).

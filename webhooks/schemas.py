@@ -20,7 +20,7 @@ _WEBHOOK_ENDPOINT_PROPERTIES: Schema = {
 }
 _WEBHOOK_ENDPOINT_REQUIRED = ["id", "object", "name", "url", "event_types", "created_at"]
 
-# The `openai` SDK's WebhookEndpoint and WebhookEndpointWithSecret (SPEC §10b).
+# The `openai` SDK's WebhookEndpoint and WebhookEndpointWithSecret (docs/API.md "Webhooks").
 WEBHOOK_ENDPOINT: Schema = {
     "type": "object",
     "required": _WEBHOOK_ENDPOINT_REQUIRED,

@@ -8,7 +8,7 @@ from webhooks.models import WebhookEndpoint
 
 def endpoint_payload(endpoint: WebhookEndpoint, *, secret: str | None = None) -> dict[str, Any]:
     """`WebhookEndpoint`, or `WebhookEndpointWithSecret` when given the secret (only from
-    create and rotate_secret: SPEC §10b)."""
+    create and rotate_secret: docs/API.md "Webhooks")."""
     payload: dict[str, Any] = {
         "id": endpoint.id,
         "object": "webhook_endpoint",

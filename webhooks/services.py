@@ -1,4 +1,4 @@
-"""Webhook endpoints (SPEC §10b), in the shape of the `openai` SDK's `client.webhooks`.
+"""Webhook endpoints (docs/API.md "Webhooks"), in the shape of the `openai` SDK's `client.webhooks`.
 
 The event outbox is webhooks.outbox; one delivery attempt is webhooks.delivery.
 """

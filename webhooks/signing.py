@@ -1,4 +1,4 @@
-"""Standard Webhooks signatures (https://www.standardwebhooks.com, SPEC §10b).
+"""Standard Webhooks signatures (https://www.standardwebhooks.com, docs/API.md "Webhooks").
 
 `webhook-signature: v1,<base64 HMAC-SHA256 over "{id}.{timestamp}.{body}">`, keyed with the
 bytes of the secret after its `whsec_` prefix (base64-decoded). While a rotated secret is

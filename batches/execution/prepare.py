@@ -34,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 REOPEN_GAP = 1 << 20  # skip forward by decrypting up to this much; reopen beyond it
 OPEN_FILES = 8
-SECTIONS = 64  # parsed section bodies kept (sectioned input, SPEC §4.2)
+# Parsed section bodies kept (sectioned input: docs/API.md "BatchRouter sectioned input").
+SECTIONS = 64
 _contexts: dict[str, int] = {}  # revision id → context length
 
 

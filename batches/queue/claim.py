@@ -1,9 +1,9 @@
 """Claiming work: a fair group of items under a lease, and the heartbeat that keeps it.
 
-Any number of workers on any number of machines cooperate through the queue alone (DESIGN
-decisions 1 and 2). On PostgreSQL a claim skips rows other workers hold (FOR UPDATE SKIP
-LOCKED); on SQLite the IMMEDIATE transaction makes each claim the only writer, which is the
-correct single-writer path for the embedded default.
+Any number of workers on any number of machines cooperate through the queue alone
+(docs/ARCHITECTURE.md decisions 1 and 2). On PostgreSQL a claim skips rows other workers hold (FOR
+UPDATE SKIP LOCKED); on SQLite the IMMEDIATE transaction makes each claim the only writer, which is
+the correct single-writer path for the embedded default.
 
 A claim runs for every group of 16 items a worker takes, on the thread that feeds the engine.
 Through the ORM it compiled four querysets and built three model instances per row (the item,
@@ -156,7 +156,7 @@ def _fair_candidates(key: EngineKey, now: dt.datetime, limit: int) -> list[tuple
     Organizations are taken in the order of their earliest deadline and each gets an equal
     share of the group (earliest deadline first within it); shares an org cannot fill go to
     the others in plain deadline order. So one org's large backlog delays another org's
-    small batch by a claim group or two, not by the whole backlog (SPEC §11).
+    small batch by a claim group or two, not by the whole backlog (docs/API.md "Batches").
     """
     sql = _statements()
     where = _claimable_params(key.revision_id, key.deployment_id, now)

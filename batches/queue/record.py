@@ -42,7 +42,7 @@ def items_meter(outcomes: Iterable[ItemOutcome], *, released: bool = False) -> N
     under their fence (a recorded result, or `released`: a lease handed back with the GPU
     time spent on it). The events and the rollup (billing.metering) commit or roll back with
     the rows themselves, so usage is recorded exactly once per attempt. Tokens count only
-    for a succeeded row; GPU time for every outcome, aborted work included (SPEC §8).
+    for a succeeded row; GPU time for every outcome, aborted work included (docs/API.md "Billing").
     """
     usage_record(
         facts=[
@@ -140,8 +140,8 @@ def item_finish(
 def item_release(*, item: BatchItem, worker_id: str, gpu_seconds: float = 0.0) -> bool:
     """Give an unfinished item back (aborted or worker stopping); its GPU time still counts.
 
-    The GPU time is metered in the transaction that hands the lease back, under the same
-    fence: deployments pay for aborted work (SPEC §8), and only once. False if the lease was
+    The GPU time is metered in the transaction that hands the lease back, under the same fence:
+    deployments pay for aborted work (docs/API.md "Billing"), and only once. False if the lease was
     lost already (nothing is handed back, nothing metered).
     """
     with transaction.atomic():

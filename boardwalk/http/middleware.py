@@ -1,6 +1,6 @@
 """Middleware that runs before any view.
 
-`RequestIdMiddleware`: every answer carries an `x-request-id` (SPEC §10a; the OpenAI SDK
+`RequestIdMiddleware`: every answer carries an `x-request-id` (docs/API.md "Errors"; the OpenAI SDK
 exposes it as `request_id`). The id is ours, never the client's: a client-chosen value would let
 one request pose as another in the logs. It names the HTTP request only (`hreq_…`), not a
 receipt (`req_…`).

@@ -1,6 +1,6 @@
 """Content negotiation that never answers 406.
 
-The OpenAI SDK sends `Accept: application/binary` for file content (SPEC §10a); every
+The OpenAI SDK sends `Accept: application/binary` for file content (docs/API.md "Files"); every
 endpoint here has exactly one representation, so the first renderer always wins.
 """
 

@@ -3,7 +3,7 @@
 The views build their answers as plain dicts (one payload function per resource), so each
 app writes their shapes once, as schemas (`<app>/schemas.py`, from the primitives here), and
 attaches them to each operation with `operation()`. Every operation also documents the error
-envelope (SPEC §10) for the statuses it can answer; schemathesis checks the live answers
+envelope (docs/API.md "Errors") for the statuses it can answer; schemathesis checks the live answers
 against this in the test suite.
 """
 

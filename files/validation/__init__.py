@@ -1,4 +1,5 @@
-"""Upload-time validation of batch input files (SPEC §4.1). A plain library: no database."""
+"""Upload-time validation of batch input files (docs/API.md "Standard input lines"). A plain
+library: no database."""
 
 from .report import (
     LineError,

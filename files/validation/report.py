@@ -36,7 +36,8 @@ Resolver = Callable[[str], ModelTarget]
 
 @dataclass(frozen=True)
 class LineError:
-    """One upload error. `message` never quotes content from the line (SPEC §9)."""
+    """One upload error. `message` never quotes content from the line
+    (docs/API.md "Limits, retention and privacy")."""
 
     line: int  # 1-based; 0 for the whole file (empty file)
     field: str  # dotted path such as "body.messages[0].content"; "" for the whole line

@@ -1,8 +1,9 @@
-"""Per-line rules of SPEC §4.1 for one parsed request object.
+"""Per-line rules of docs/API.md "Standard input lines" for one parsed request object.
 
-Each check adds `(field, code, message)` problems; the validator adds the line number. A
-message says what to change and never quotes a value from the line: prompts, images and even
-custom ids are content (SPEC §9). Field names are shown only when they look like field names.
+Each check adds `(field, code, message)` problems; the validator adds the line number. A message
+says what to change and never quotes a value from the line: prompts, images and even custom ids are
+content (docs/API.md "Limits, retention and privacy"). Field names are shown only when they look
+like field names.
 """
 
 from __future__ import annotations
@@ -495,9 +496,10 @@ def _is_image_url(url: str) -> bool:
         prefix = _DATA_IMAGE_PREFIX.match(url)
         return prefix is not None and _is_base64(url, prefix.end())
     if head == "https://" or head.startswith("http://"):
-        # The worker fetches it and enforces the address rules (SPEC §9); here, the URL rules
-        # the fetch applies too (one host, no whitespace or controls, no credentials), and
-        # http only to a target BOARDWALK_OUTBOUND_ALLOW names (SPEC §10b).
+        # The worker fetches it and enforces the address rules
+        # (docs/API.md "Limits, retention and privacy"); here, the URL rules the fetch applies too
+        # (one host, no whitespace or controls, no credentials), and http only to a target
+        # BOARDWALK_OUTBOUND_ALLOW names (docs/API.md "Images and audio").
         try:
             scheme, host, port = parse_target(url)
         except OutboundRefused:

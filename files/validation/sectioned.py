@@ -1,4 +1,5 @@
-"""BatchRouter sectioned JSONL (`batchrouter.sectioned.v1`, SPEC §4.2): line shapes and merge.
+"""BatchRouter sectioned JSONL (`batchrouter.sectioned.v1`,
+docs/API.md "BatchRouter sectioned input"): line shapes and merge.
 
 ```
 {"type":"header","format":"batchrouter.sectioned.v1"}

@@ -1,5 +1,6 @@
-"""The streaming validator for batch input files: standard (SPEC §4.1) and BatchRouter
-sectioned (SPEC §4.2, detected from a header on the first line)."""
+"""The streaming validator for batch input files: standard (docs/API.md "Standard input lines") and
+BatchRouter sectioned (docs/API.md "BatchRouter sectioned input", detected from a header on the
+first line)."""
 
 from __future__ import annotations
 

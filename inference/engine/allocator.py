@@ -8,7 +8,7 @@ again: about 500,000 minor page faults (each a trip to the kernel to map and zer
 a 7-second run of 256 requests on the tiny demo model, and the same engine ran 1.3x faster in
 a process where the threshold had settled than in one where it had not. With allocations up
 to 32 MiB kept in the heap and the heap never trimmed, the run faults under 1,000 times
-wherever it runs (docs/PERFORMANCE.md, "Allocator").
+wherever it runs (docs/PERFORMANCE.md, "Engine": its Allocator paragraph).
 
 The price: a process that ran an engine keeps its peak host memory of freed blocks (for
 reuse by its next steps) rather than returning it. Elsewhere than glibc (musl, macOS) nothing

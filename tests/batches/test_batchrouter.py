@@ -1,4 +1,4 @@
-"""BatchRouter assignment metadata on POST /v1/batches (SPEC §5.1)."""
+"""BatchRouter assignment metadata on POST /v1/batches (docs/API.md "Batches")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""POST /v1/batches (SPEC §5.1): acceptance, idempotency, strict bodies, capacity, credit."""
+"""POST /v1/batches (docs/API.md "Batches"): acceptance, idempotency, strict bodies, capacity,
+credit."""
 
 from __future__ import annotations
 

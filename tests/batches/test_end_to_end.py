@@ -1,4 +1,5 @@
-"""Whole flows with real workers: upload → create → poll → download (SPEC §5, §6, §11).
+"""Whole flows with real workers: upload → create → poll → download
+(docs/API.md "Batches", "Result files").
 
 - embedded shape: the in-process Dramatiq worker that `manage.py serve` runs (StubBroker
   without REDIS_URL, the Redis broker with it);

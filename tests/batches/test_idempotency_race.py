@@ -1,4 +1,4 @@
-"""Racing identical creates under one Idempotency-Key make one batch (SPEC §5.1)."""
+"""Racing identical creates under one Idempotency-Key make one batch (docs/API.md "Batches")."""
 
 from __future__ import annotations
 

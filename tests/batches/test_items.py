@@ -1,4 +1,5 @@
-"""Durable claims (SPEC §11): concurrent workers never lease the same item."""
+"""Durable claims (docs/ARCHITECTURE.md decision 2): concurrent workers never lease the same
+item."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""From acceptance to a terminal state, driven in the test thread (SPEC §5.3, §6, §8)."""
+"""From acceptance to a terminal state, driven in the test thread
+(docs/API.md "Batches", "Result files", "Billing")."""
 
 from __future__ import annotations
 

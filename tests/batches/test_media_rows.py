@@ -1,4 +1,4 @@
-"""Image and audio rows end to end on the tiny multimodal models (SPEC §4.1, §6, §9):
+"""Image and audio rows end to end on the tiny multimodal models (docs/API.md "Images and audio"):
 upload → batch → worker (real processor, encoder and model) → output and error files."""
 
 from __future__ import annotations
@@ -358,7 +358,8 @@ def test_http_image_urls_are_accepted_only_for_targets_the_allow_list_names(
         refused = api.upload(jsonl(row))
         assert refused.status_code == 400
         assert refused.json()["error"]["details"][0]["code"] == "invalid_image_url"
-        settings.OUTBOUND_ALLOW = [f"localhost:{server.port}"]  # SPEC §10b: http too
+        # http too, to a named target (docs/API.md "Images and audio")
+        settings.OUTBOUND_ALLOW = [f"localhost:{server.port}"]
         _, output, errors = _run(api, [row])
     assert errors == {} and sorted(output) == ["plain-http"]
     assert server.requests == ["/cat.png"]

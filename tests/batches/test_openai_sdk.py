@@ -1,4 +1,4 @@
-"""The official OpenAI SDK drives the whole flow against a live server (SPEC §10a)."""
+"""The official OpenAI SDK drives the whole flow against a live server (docs/API.md "Errors")."""
 
 from __future__ import annotations
 

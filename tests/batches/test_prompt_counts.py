@@ -91,7 +91,8 @@ def test_stored_counts_equal_the_counts_acceptance_would_make(api: Api, catalog_
 def test_sectioned_counts_are_of_the_effective_bodies(api: Api, catalog_model) -> None:
     file = _upload(api, sectioned_file(4))
     assert file.prompt_tokens_revision == catalog_model.revision_id
-    # Each request is counted with its section's prefix messages (SPEC §4.2).
+    # Each request is counted with its section's prefix messages
+    # (docs/API.md "BatchRouter sectioned input").
     assert file.prompt_tokens == _counted_now(file, catalog_model)
     plain = _upload(api, jsonl(request_line("x", content="Question 0")))
     assert file.prompt_tokens[0] > plain.prompt_tokens[0]

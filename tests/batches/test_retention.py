@@ -1,4 +1,5 @@
-"""Retention and the sweep command (SPEC §9): each kind removed on time, counted, repeatable."""
+"""Retention and the sweep command (docs/API.md "Limits, retention and privacy"): each kind removed
+on time, counted, repeatable."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The server under test is real (a live server); only the client side is instrumented: a
 transport counts the requests the SDK sends and the SDK's retry sleep is recorded instead
-of slept (SPEC §10a: retry headers, x-request-id).
+of slept (docs/API.md "Errors": retry headers, x-request-id).
 """
 
 from __future__ import annotations

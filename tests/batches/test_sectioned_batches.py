@@ -1,5 +1,6 @@
-"""Sectioned input through a whole batch (SPEC §4.2): merged bodies run, results keep each
-request's custom_id in the standard format, and the format and metadata must agree."""
+"""Sectioned input through a whole batch (docs/API.md "BatchRouter sectioned input"): merged bodies
+run, results keep each request's custom_id in the standard format, and the format and metadata must
+agree."""
 
 from __future__ import annotations
 

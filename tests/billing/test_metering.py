@@ -1,4 +1,5 @@
-"""Usage as integer events, written once with the result they belong to (DESIGN decision 10)."""
+"""Usage as integer events, written once with the result they belong to (docs/ARCHITECTURE.md
+decision 10)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The staff console renders every model and never shows content (SPEC §9, §12)."""
+"""The staff console renders every model and never shows content
+(docs/API.md "Limits, retention and privacy")."""
 
 from __future__ import annotations
 

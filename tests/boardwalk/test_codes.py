@@ -46,7 +46,7 @@ def test_member_names_are_their_values_in_capitals(family: type[StrEnum]) -> Non
 
 
 def test_spec_item_codes_are_members() -> None:
-    # SPEC §10's minimum list of item-level error codes.
+    # The item codes docs/API.md "Item error codes" promises at least.
     spec = {
         "context_length_exceeded",
         "image_fetch_failed",

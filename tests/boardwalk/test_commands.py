@@ -61,7 +61,7 @@ def test_bootstrap_demo_is_idempotent_and_prints_one_json_line(settings, tmp_pat
     assert second["org_id"] == first["org_id"]
     assert Organization.objects.count() == 1
     assert CatalogModel.objects.filter(name=first["model"]).count() == 1
-    # SPEC §13: images and audio can be tried in the demo.
+    # docs/API.md "Images and audio": images and audio can be tried in the demo.
     vision = CatalogModel.objects.get(name=first["vision_model"])
     audio = CatalogModel.objects.get(name=first["audio_model"])
     assert (first["vision_model"], vision.batch_media) == ("boardwalk/tiny-vision", ["image"])

@@ -1,4 +1,5 @@
-"""The outbound client's address rules against SSRF probes and DNS rebinding (SPEC §9, §10b).
+"""The outbound client's address rules against SSRF probes and DNS rebinding
+(docs/API.md "Limits, retention and privacy").
 
 The resolver is the system's `socket.getaddrinfo`, which the test controls: a name that answers
 loopback, and one that answers a public address first and loopback afterwards (rebinding)."""

@@ -1,4 +1,5 @@
-"""The usage dashboard's numbers are the ledger's and the receipts' (SPEC §8, §12)."""
+"""The usage dashboard's numbers are the ledger's and the receipts'
+(docs/BILLING.md "The staff console")."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def test_items_failed_and_the_failure_codes_count_the_items_stopped_batches_ende
     staff, seeded: Seeded, catalog_model, deployment
 ):
     """Items a cancelled or expired batch never ran end failed with its code: "Items failed"
-    and the failure chart count them with the items that ran and failed (SPEC §8)."""
+    and the failure chart count them with the items that ran and failed (docs/API.md "Billing")."""
     acme, globex = seeded.acme, seeded.globex
     cancelled = submit(acme.api, rows(3), key="to-cancel")
     assert acme.api.post(f"/v1/batches/{cancelled['id']}/cancel").status_code == 200

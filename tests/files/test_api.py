@@ -1,4 +1,4 @@
-"""The Files API (SPEC §7) over HTTP: upload, metadata, content with ranges, delete."""
+"""The Files API (docs/API.md "Files") over HTTP: upload, metadata, content with ranges, delete."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Chunked AES-256-GCM content encryption and master-key wrapping (SPEC §9). No database."""
+"""Chunked AES-256-GCM content encryption and master-key wrapping (docs/ARCHITECTURE.md decision 6).
+No database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""BatchRouter sectioned JSONL (SPEC §4.2): detection, merge semantics, every line rule."""
+"""BatchRouter sectioned JSONL (docs/API.md "BatchRouter sectioned input"): detection, merge
+semantics, every line rule."""
 
 from __future__ import annotations
 

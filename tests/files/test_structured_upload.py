@@ -1,5 +1,6 @@
 """Structured-output schemas over HTTP: a schema no finite value matches is refused at upload
-(SPEC §4.1) and nothing is stored; a recursive schema with a way out is accepted."""
+(docs/API.md "Structured outputs") and nothing is stored; a recursive schema with a way out is
+accepted."""
 
 from __future__ import annotations
 

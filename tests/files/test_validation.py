@@ -1,4 +1,5 @@
-"""The upload validator for standard input files (SPEC §4.1): one test per rule, plus streaming."""
+"""The upload validator for standard input files (docs/API.md "Standard input lines"): one test per
+rule, plus streaming."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Webhooks (SPEC §10b): endpoints API, the outbox, signed at-least-once delivery, SSRF rules.
+"""Webhooks (docs/API.md "Webhooks"): endpoints API, the outbox, signed at-least-once delivery, SSRF
+rules.
 
 A local receiver stands in for the customer's endpoint; it is reachable only because the
 test names it in BOARDWALK_OUTBOUND_ALLOW. Time moves with boardwalk.clock, never sleep.

@@ -1,6 +1,6 @@
 """The `openai` SDK's `client.webhooks` drives the endpoints against the live server under
 strict response validation, sync and async, and its `unwrap` verifies what Boardwalk's
-delivery code sends (SPEC §10b)."""
+delivery code sends (docs/API.md "Webhooks")."""
 
 from __future__ import annotations
 

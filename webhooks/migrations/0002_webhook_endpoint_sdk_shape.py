@@ -1,9 +1,8 @@
-"""Endpoints take the shape of the `openai` SDK's `client.webhooks` (SPEC §10b): `events`
-becomes `event_types`, and an endpoint gains a name, `updated_at`, a secret hint and room for
-a rotated secret kept for 24 hours. Existing rows keep their events and secret; their name is
-their URL's host and their `updated_at` their `created_at`. Their hint stays empty (shown as
-null) until the secret is rotated: it would need the master key, which a migration should not
-handle."""
+"""Endpoints take the shape of the `openai` SDK's `client.webhooks` (docs/API.md "Webhooks"):
+`events` becomes `event_types`, and an endpoint gains a name, `updated_at`, a secret hint and room
+for a rotated secret kept for 24 hours. Existing rows keep their events and secret; their name is
+their URL's host and their `updated_at` their `created_at`. Their hint stays empty (shown as null)
+until the secret is rotated: it would need the master key, which a migration should not handle."""
 
 from urllib.parse import urlsplit
 

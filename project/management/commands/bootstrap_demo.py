@@ -27,7 +27,8 @@ from inference.services import (
 
 DEMO_ORG = "demo"
 DEMO_MODEL = "boardwalk/tiny-chat"
-DEMO_VISION_MODEL = "boardwalk/tiny-vision"  # batch media ["image"] (SPEC §13)
+# Batch media ["image"]; the demo's media models are in docs/API.md "Images and audio".
+DEMO_VISION_MODEL = "boardwalk/tiny-vision"
 DEMO_AUDIO_MODEL = "boardwalk/tiny-audio"  # batch media ["audio"]
 DEMO_DEPLOYMENT = "demo-agent"
 DEMO_PRICES = (150_000, 75_000, 600_000)  # µUSD per million tokens: input, cached, output
