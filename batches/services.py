@@ -29,6 +29,7 @@ from boardwalk.errors import (
     ServiceUnavailable,
 )
 from boardwalk.faultpoints import fault_point
+from boardwalk.logs import exception_trace
 from boardwalk.models import Organization
 from files.counting import TemplateRefused, file_prompt_tokens
 from files.crypto import Keyring, new_data_key
@@ -150,7 +151,7 @@ def _plan(*, org: Organization, submission: BatchSubmission) -> BatchPlan:
         # revision whose tokenizer cannot load cannot run either, and answers 503 here.
         tokenizer = chat_tokenizer_for(target.revision)
     except TokenizerUnavailable as exc:
-        logger.error("tokenizer of %s failed to load: %s", target.revision.id, type(exc).__name__)
+        logger.error("tokenizer of %s failed to load: %s", target.revision.id, exception_trace(exc))
         raise ServiceUnavailable(
             f"Model {target.name!r} is unavailable right now (its revision cannot be loaded); "
             "retry later or contact support.",

@@ -37,6 +37,8 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
+from boardwalk.logs import exception_trace
+
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_MS = 5_000
@@ -186,7 +188,7 @@ def send_after_commit(actor: dramatiq.Actor, *args: Any) -> None:
     """Enqueue `actor(*args)` once the current transaction commits (at once outside one).
 
     The message only wakes a worker (the database holds the work), so a broker that cannot
-    be reached is logged, by error type only, and left to the sweeper, which re-wakes
+    be reached is logged, by error type and frames only, and left to the sweeper, which re-wakes
     claimable items and re-drives finalization every sweep interval.
     """
 
@@ -197,7 +199,7 @@ def send_after_commit(actor: dramatiq.Actor, *args: Any) -> None:
             logger.error(
                 "broker unreachable; %s not enqueued, the sweeper will re-wake it: %s",
                 actor.actor_name,
-                type(exc).__name__,
+                exception_trace(exc),
             )
 
     transaction.on_commit(send)

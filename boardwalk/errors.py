@@ -29,6 +29,7 @@ from rest_framework.response import Response
 from boardwalk.codes import ErrorCode
 from boardwalk.codes import ItemCode as ItemCode
 from boardwalk.codes import LineCode as LineCode
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -280,8 +281,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, drf.APIException):
         return render(_from_drf(exc))
     if isinstance(exc, _OUTAGES):
-        # The type only: a driver message can quote the statement and its parameters.
-        logger.error("outage answered 503: %s", type(exc).__name__)
+        # Type and frames only: a driver message can quote the statement and its parameters.
+        logger.error("outage answered 503: %s", exception_trace(exc))
         return render(
             ServiceUnavailable(
                 "A backing service (database or queue) is unavailable right now; retry shortly.",

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from jinja2.exceptions import TemplateError
 
 from boardwalk.errors import ServiceUnavailable
+from boardwalk.logs import exception_trace
 from files.crypto import CryptoError
 from files.models import File
 from files.services import file_iter_bodies, line_index_span
@@ -119,13 +120,14 @@ def file_count_prompt_tokens(*, file_id: str) -> bool:
         counts = [tokens for _, tokens in file_prompt_tokens(file=file, tokenizer=tokenizer)]
     except (CryptoError, ServiceUnavailable) as exc:
         # A delete landed meanwhile (key destroyed, blob gone) or storage is unreadable.
-        logger.info("prompt tokens of %s not counted: %s", file.id, type(exc).__name__)
+        logger.info("prompt tokens of %s not counted: %s", file.id, exception_trace(exc))
         return False
     except Exception as exc:
-        # The type only: a template's or parser's message can quote the prompt. Not re-raised:
-        # the same content fails the same way on a retry, and acceptance counts it anyway.
+        # Type and frames only: a template's or parser's message can quote the prompt. Not
+        # re-raised: the same content fails the same way on a retry, and acceptance counts it
+        # anyway.
         logger.warning(
-            "prompt tokens of %s not counted for %s: %s", file.id, revision.id, type(exc).__name__
+            "prompt tokens of %s not counted for %s: %s", file.id, revision.id, exception_trace(exc)
         )
         return False
     stored = File.objects.filter(
@@ -151,5 +153,7 @@ def file_count_on_upload(*, file: File) -> bool:
     try:
         return file_count_prompt_tokens(file_id=file.id)
     except DatabaseError as exc:
-        logger.warning("prompt tokens of %s not counted at upload: %s", file.id, type(exc).__name__)
+        logger.warning(
+            "prompt tokens of %s not counted at upload: %s", file.id, exception_trace(exc)
+        )
         return False

@@ -22,6 +22,7 @@ from boardwalk.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
+from boardwalk.logs import exception_trace
 from boardwalk.models import Organization
 from files.crypto import Keyring, TamperedContent, UnknownMasterKey, new_data_key
 from files.limits import MAX_INPUT_BYTES, MAX_RETAINED_INPUT_BYTES, RESULT_TTL, UNUSED_INPUT_TTL
@@ -214,9 +215,9 @@ def file_shred(*, file: File) -> bool:
         except Exception as exc:
             # The key is gone, so the delete has happened; the sweep removes the blobs.
             logger.warning(
-                "file %s: blob deletion failed (%s); the retention sweep retries it",
+                "file %s: blob deletion failed, the retention sweep retries it: %s",
                 file.id,
-                type(exc).__name__,
+                exception_trace(exc),
             )
     file.refresh_from_db()
     return bool(updated)
@@ -234,7 +235,7 @@ def file_delete_leftover_blobs() -> int:
         try:
             cleaned += _delete_blobs(file)
         except Exception as exc:
-            logger.warning("file %s: blob deletion failed again (%s)", file.id, type(exc).__name__)
+            logger.warning("file %s: blob deletion failed again: %s", file.id, exception_trace(exc))
     return cleaned
 
 
@@ -278,14 +279,14 @@ def _read_with_fallback(file: File, data_key: bytes, start: int, end: int) -> It
                 position += len(piece)
             return
         except (OSError, TamperedContent, BotoCoreError, ClientError) as exc:
-            # The type only: messages of storage errors can carry bucket and key names.
+            # Type and frames only: messages of storage errors can carry bucket and key names.
             copy = "primary" if attempt == 0 else "recovery"
             logger.error(
-                "file %s: the %s copy is unreadable at byte %s (%s)",
+                "file %s: the %s copy is unreadable at byte %s: %s",
                 file.id,
                 copy,
                 position,
-                type(exc).__name__,
+                exception_trace(exc),
             )
     raise ServiceUnavailable(
         f"The content of file {file.id} cannot be read from storage right now.",

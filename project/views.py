@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from boardwalk import metrics
 from boardwalk.codes import ErrorCode
 from boardwalk.errors import AuthenticationError, ScopeError, ServiceUnavailable, render_plain
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
             check()
             checks[name] = "ok"
         except Exception as exc:
-            # The exception's type only: messages may carry connection strings.
-            logger.warning("readyz: %s unavailable (%s)", name, type(exc).__name__)
+            # Its type and frames only: messages may carry connection strings.
+            logger.warning("readyz: %s unavailable: %s", name, exception_trace(exc))
             checks[name] = "unavailable"
     if all(state == "ok" for state in checks.values()):
         return JsonResponse({"status": "ok", "checks": checks})

@@ -19,6 +19,7 @@ from batches.liveness import process_id, session_lock_hold, worker_beat, worker_
 from batches.queue import dead_workers_recover
 from batches.tasks import engine_wake, join_waiting_work, sweep
 from boardwalk.broker import setup_broker
+from boardwalk.logs import exception_trace
 from files.tasks import file_count_tokens
 
 logger = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class Sweeper(threading.Thread):
         while not self.stopped.wait(self.interval):
             try:
                 sweep()
-            except Exception:
-                logger.exception("sweep failed; retrying next interval")
+            except Exception as exc:  # not logger.exception: a message may quote a row's values
+                logger.error("sweep failed; retrying next interval: %s", exception_trace(exc))
             finally:
                 connection.close()
 
@@ -75,14 +76,14 @@ class Liveness(threading.Thread):
                         engine_wake.send(key.revision_id, key.deployment_id)
                     join_waiting_work()
                 except Exception as exc:
-                    logger.warning("liveness beat failed (%s); retrying", type(exc).__name__)
+                    logger.warning("liveness beat failed; retrying: %s", exception_trace(exc))
                     connection.close()
                     self._beat_again()
                 if self.stopped.wait(self.interval):
                     break
             worker_leave(process=self.process)
         except Exception as exc:
-            logger.warning("liveness row not removed (%s)", type(exc).__name__)
+            logger.warning("liveness row not removed: %s", exception_trace(exc))
         finally:
             connection.close()
 
@@ -93,7 +94,7 @@ class Liveness(threading.Thread):
             locked = session_lock_hold(process=self.process)
             worker_beat(process=self.process, session_lock=locked)
         except Exception as exc:
-            logger.warning("liveness beat failed again (%s)", type(exc).__name__)
+            logger.warning("liveness beat failed again: %s", exception_trace(exc))
             connection.close()
 
     def stop(self) -> None:

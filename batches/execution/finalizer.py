@@ -22,6 +22,7 @@ from collections.abc import Callable
 from django.db import DatabaseError, connection
 
 from batches.lifecycle import NotReady, batch_finalize
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +72,9 @@ class Finalizer:
             self._hand_on(self._not_ready, batch_id)
         except Exception as exc:
             logger.warning(
-                "finalizing %s in the worker failed (%s); left to the finalize actor",
+                "finalizing %s in the worker failed, left to the finalize actor: %s",
                 batch_id,
-                type(exc).__name__,
+                exception_trace(exc),
             )
             connection.close()  # it may be the connection that broke
             self._hand_on(self._failed, batch_id)
@@ -83,4 +84,4 @@ class Finalizer:
         try:
             send(batch_id)
         except Exception as exc:  # the broker is down: the sweeper finalizes it
-            logger.error("finalize of %s not enqueued: %s", batch_id, type(exc).__name__)
+            logger.error("finalize of %s not enqueued: %s", batch_id, exception_trace(exc))

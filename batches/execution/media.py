@@ -20,6 +20,7 @@ from django.conf import settings
 
 from boardwalk import outbound
 from boardwalk.codes import ItemCode
+from boardwalk.logs import exception_trace
 from boardwalk.metrics import counter_inc
 from inference.media_decoding import (
     InvalidMedia,
@@ -83,7 +84,7 @@ class MediaResolver:
         except MediaError as exc:
             return exc
         except Exception as exc:  # whatever a hostile input provokes ends its row only
-            logger.warning("media of a row could not be used (%s)", type(exc).__name__)
+            logger.warning("media of a row could not be used: %s", exception_trace(exc))
             return MediaError(ItemCode.INVALID_MEDIA, "unexpected")
 
     def _resolve(self, part: dict[str, Any]) -> DecodedMedia:
@@ -135,4 +136,4 @@ def _count_fetch_failure(reason: str) -> None:
     try:
         counter_inc("boardwalk_fetch_failures_total", {"reason": reason})
     except Exception as exc:  # a metric is never worth a row
-        logger.warning("fetch failure not counted (%s)", type(exc).__name__)
+        logger.warning("fetch failure not counted: %s", exception_trace(exc))

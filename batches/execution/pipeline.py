@@ -24,6 +24,7 @@ from batches.lifecycle import batch_fail
 from batches.models import Batch
 from batches.queue import EngineKey, key_has_claimable_items
 from boardwalk.codes import ErrorCode
+from boardwalk.logs import exception_trace
 from inference.engine.loading import ModelLoadError
 from inference.engine.process import EngineProcessError
 from inference.models import ModelRevision
@@ -160,7 +161,7 @@ def serve_key(
         try:
             engine = engine_for(revision)
         except (ModelLoadError, EngineProcessError) as exc:
-            logger.error("revision %s failed to load: %s", revision.id, type(exc).__name__)
+            logger.error("revision %s failed to load: %s", revision.id, exception_trace(exc))
             if interactive:  # they would wait out their queue time for nothing
                 interactive_refuse_waiting(key, code=ErrorCode.MODEL_LOAD_FAILED)
             return _fail_batches_of(key, message=str(exc))

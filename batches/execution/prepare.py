@@ -20,6 +20,7 @@ import orjson
 from batches.execution.media import DecodedMedia, MediaError, MediaResolver
 from batches.models import BatchItem
 from boardwalk.codes import ItemCode
+from boardwalk.logs import exception_trace
 from files.models import File
 from files.services import file_iter_lines, file_read_range
 from files.validation.sectioned import effective_body
@@ -144,8 +145,8 @@ class Prepare:
         try:
             return self._body(item)
         except Exception as exc:
-            # The type only: a message could quote the request's content.
-            logger.error("item %s could not be read: %s", item.pk, type(exc).__name__)
+            # Type and frames only: a message could quote the request's content.
+            logger.error("item %s could not be read: %s", item.pk, exception_trace(exc))
             self._readers.pop(item.batch_id, None)
             return Unpreparable(item)
 
@@ -184,8 +185,8 @@ class Prepare:
             logger.info("item %s: invalid_media (placeholders)", item.pk)
             return Unpreparable(item, ItemCode.INVALID_MEDIA)
         except Exception as exc:
-            # The type only: a message could quote the request's content.
-            logger.error("item %s could not be prepared: %s", item.pk, type(exc).__name__)
+            # Type and frames only: a message could quote the request's content.
+            logger.error("item %s could not be prepared: %s", item.pk, exception_trace(exc))
             return Unpreparable(item)
         return Work(item, request)
 

@@ -35,6 +35,7 @@ from batches.interactive.feed import InteractiveFeed
 from batches.liveness import worker_id
 from batches.models import Batch, BatchItem
 from batches.queue import EngineKey, LeaseHeartbeat, item_release, items_claim_group
+from boardwalk.logs import exception_trace
 from inference.engine.containment import Contained
 from inference.engine.protocol import GenerationEngine
 from inference.engine.types import NOT_READY, GenerationRequest, GenerationResult, PartialResult
@@ -229,7 +230,7 @@ class Run:
         try:
             first: Any = self._next_group(ahead.maxsize)
         except Exception as exc:
-            logger.warning("claim failed (%s); the prepare stage retries", type(exc).__name__)
+            logger.warning("claim failed, the prepare stage retries: %s", exception_trace(exc))
             connection.close()
             first = _UNCLAIMED
         preparer = threading.Thread(
@@ -320,7 +321,7 @@ class Run:
                     try:
                         group = self._next_group(room)
                     except Exception as exc:
-                        logger.warning("claim failed (%s); retrying", type(exc).__name__)
+                        logger.warning("claim failed; retrying: %s", exception_trace(exc))
                         connection.close()
                         if over.wait(1.0):
                             break
@@ -369,7 +370,7 @@ class Run:
         try:
             self._refresh_stopping()
         except Exception as exc:
-            logger.warning("stopping check failed (%s)", type(exc).__name__)
+            logger.warning("stopping check failed: %s", exception_trace(exc))
             connection.close()
         return now
 
@@ -407,10 +408,10 @@ class Run:
                 return
             except Exception as exc:
                 logger.warning(
-                    "recording %s result(s) failed (%s); attempt %s",
+                    "recording %s result(s) failed, attempt %s: %s",
                     len(group),
-                    type(exc).__name__,
                     attempt + 1,
+                    exception_trace(exc),
                 )
                 connection.close()
                 time.sleep(0.5 * (attempt + 1))
@@ -426,7 +427,7 @@ class Run:
             try:
                 item_release(item=item, worker_id=self.owner)
             except Exception as exc:
-                logger.warning("release of item %s failed (%s)", item.pk, type(exc).__name__)
+                logger.warning("release of item %s failed: %s", item.pk, exception_trace(exc))
                 connection.close()
 
 

@@ -44,6 +44,7 @@ from batches.liveness import worker_id
 from batches.queue import EngineKey
 from boardwalk.channels import channels
 from boardwalk.codes import ItemCode
+from boardwalk.logs import exception_trace
 from files.crypto import CryptoError
 from inference.chat_completions import completion_body, dialect_of, sampling_params
 from inference.dialects.streams import ReplyStream
@@ -123,7 +124,9 @@ class InteractiveFeed:
             for gauge in (headroom_gauge(self.key), in_flight_gauge(self.key)):
                 self.channels.gauge(gauge, self.reporter, 0, ttl=0.001)
         except Exception as exc:  # the broker is down: the gauges lapse on their own
-            logger.warning("interactive feed of %s: %s at its end", self.key, type(exc).__name__)
+            logger.warning(
+                "interactive feed of %s: failed at its end: %s", self.key, exception_trace(exc)
+            )
         with self._lock:
             left = list(self._inflight.values())
             self._inflight.clear()
@@ -227,7 +230,7 @@ class InteractiveFeed:
                 submitted, result, revision_id=self.key.revision_id, reasoning_tokens=reasoning
             )
         except Exception as exc:
-            logger.error("interactive %s not settled: %s", submitted.id, type(exc).__name__)
+            logger.error("interactive %s not settled: %s", submitted.id, exception_trace(exc))
             connection.close()
         if result.aborted:
             self._reply(submitted, "aborted")
@@ -257,12 +260,12 @@ class InteractiveFeed:
                     pause = RETRY_FIRST_SECONDS
                 except Exception as exc:
                     # The broker (or the database) failed: the run goes on, and so does its
-                    # feed, once it answers again. The type only: nothing here quotes content.
+                    # feed, once it answers again. Type and frames only, as everywhere.
                     logger.warning(
-                        "interactive feed of %s: %s; retrying in %.2f s",
+                        "interactive feed of %s: retrying in %.2f s: %s",
                         self.key,
-                        type(exc).__name__,
                         pause,
+                        exception_trace(exc),
                     )
                     connection.close()
                     if self._stopped.wait(pause):
@@ -280,7 +283,7 @@ class InteractiveFeed:
             submitted = Submitted.decode(raw)
         except (CryptoError, InvalidTag, ValueError, TypeError, KeyError) as exc:
             # Not sealed by a web process with our master keys: nobody to answer.
-            logger.error("interactive request refused: %s", type(exc).__name__)
+            logger.error("interactive request refused: %s", exception_trace(exc))
             return
         self._take(submitted)
 
@@ -337,8 +340,8 @@ class InteractiveFeed:
                 stream=submitted.stream,
             )
         except Exception as exc:
-            # The type only: a message could quote the request's content.
-            logger.error("interactive %s not prepared: %s", submitted.id, type(exc).__name__)
+            # Type and frames only: a message could quote the request's content.
+            logger.error("interactive %s not prepared: %s", submitted.id, exception_trace(exc))
             self._reply(submitted, "error", code=ItemCode.INTERNAL_ERROR)
             return
         with self._lock:
@@ -362,7 +365,7 @@ class InteractiveFeed:
                 ttl=REPLY_TTL_SECONDS,
             )
         except Exception as exc:
-            logger.warning("reply to %s lost: %s", submitted.id, type(exc).__name__)
+            logger.warning("reply to %s lost: %s", submitted.id, exception_trace(exc))
             return False
         return True
 
@@ -384,7 +387,7 @@ def interactive_refuse_waiting(key: EngineKey, *, code: str) -> int:
         try:
             submitted = Submitted.decode(raw)
         except (CryptoError, InvalidTag, ValueError, TypeError, KeyError) as exc:
-            logger.error("interactive request refused: %s", type(exc).__name__)
+            logger.error("interactive request refused: %s", exception_trace(exc))
             continue
         ttl = max(1.0, submitted.deadline - time.time()) + 60
         if not ch.claim(taken_flag(submitted.id), ttl=ttl):

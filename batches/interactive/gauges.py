@@ -15,6 +15,7 @@ from batches.interactive.messages import headroom_gauge, in_flight_gauge, reques
 from batches.queue import EngineKey
 from boardwalk.broker import BROKER_UNREACHABLE
 from boardwalk.channels import channels
+from boardwalk.logs import exception_trace
 from boardwalk.metrics import Family, Sample, labels_text
 from inference.models import CatalogModel, Deployment
 
@@ -44,7 +45,7 @@ def interactive_families() -> list[Family]:
             values["boardwalk_interactive_in_flight"][revision] += in_flight
             values["boardwalk_interactive_free_rows"][revision] += ch.gauge_sum(headroom_gauge(key))
     except BROKER_UNREACHABLE as exc:
-        logger.warning("interactive gauges left out: %s", type(exc).__name__)
+        logger.warning("interactive gauges left out: %s", exception_trace(exc))
         return []
     return [
         Family(

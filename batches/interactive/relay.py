@@ -33,6 +33,7 @@ from batches.interactive.service import Accepted
 from batches.interactive.tasks import interactive_wake
 from boardwalk.broker import BROKER_UNREACHABLE
 from boardwalk.channels import channels
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def dispatch(accepted: Accepted) -> None:
         interactive_wake.send(key.revision_id, key.deployment_id)
     except BROKER_UNREACHABLE as exc:
         # A worker already serving the key still takes it; else it times out as not taken.
-        logger.error("broker unreachable; interactive wake-up not sent: %s", type(exc).__name__)
+        logger.error("broker unreachable; interactive wake-up not sent: %s", exception_trace(exc))
 
 
 def wait_taken(accepted: Accepted) -> dict[str, Any] | None:
@@ -102,7 +103,7 @@ def abort(accepted: Accepted) -> None:
     try:
         channels().flag(abort_flag(accepted.submitted.id), ttl=ABORT_TTL_SECONDS)
     except Exception as exc:
-        logger.warning("abort of %s not sent: %s", accepted.submitted.id, type(exc).__name__)
+        logger.warning("abort of %s not sent: %s", accepted.submitted.id, exception_trace(exc))
 
 
 def done(accepted: Accepted) -> None:
@@ -146,7 +147,7 @@ class _Listeners:
                 try:
                     channels().flag(listener_flag(request_id), ttl=LISTEN_TTL_SECONDS)
                 except Exception as exc:  # the broker is down: its flags are gone anyway
-                    logger.warning("listener flags not refreshed: %s", type(exc).__name__)
+                    logger.warning("listener flags not refreshed: %s", exception_trace(exc))
                     break
 
 

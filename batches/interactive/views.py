@@ -25,6 +25,7 @@ from boardwalk.auth import WRITE
 from boardwalk.codes import ErrorCode, ItemCode
 from boardwalk.errors import BoardwalkError, InvalidRequest, ServiceUnavailable
 from boardwalk.http import openapi as oa
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def _stream(accepted: Accepted) -> Iterator[bytes]:
             # The broker failed under the stream: the request is cut (the worker stops it
             # once its replies cannot be delivered or its listener flag lapses) and pays what
             # it generated. The client is told why its stream ends here.
-            logger.warning("stream of %s cut: %s", accepted.submitted.id, type(exc).__name__)
+            logger.warning("stream of %s cut: %s", accepted.submitted.id, exception_trace(exc))
             yield event(
                 ServiceUnavailable(
                     "The connection to the workers broke; the stream ends here.",
@@ -170,4 +171,4 @@ def _answered_with_error(accepted: Accepted) -> None:
     except Exception as exc:
         # The database is down too: the orphan sweep releases the hold once it can, and a
         # worker that ran the request settles it as it ended.
-        logger.error("interactive %s not voided: %s", accepted.submitted.id, type(exc).__name__)
+        logger.error("interactive %s not voided: %s", accepted.submitted.id, exception_trace(exc))

@@ -31,6 +31,7 @@ from batches.queue.queries import EngineKey
 from boardwalk import clock
 from boardwalk.codes import ItemCode
 from boardwalk.faultpoints import fault_point
+from boardwalk.logs import exception_trace
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class LeaseHeartbeat(threading.Thread):
                 try:
                     items_heartbeat(worker_id=self.holder.owner, item_ids=self.holder.held_ids())
                 except Exception as exc:
-                    logger.warning("lease heartbeat failed (%s); retrying", type(exc).__name__)
+                    logger.warning("lease heartbeat failed; retrying: %s", exception_trace(exc))
                     connection.close()
         finally:
             connection.close()

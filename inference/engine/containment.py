@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator
 from typing import Any
 
+from boardwalk.logs import exception_trace
+
 from .protocol import GenerationEngine
 from .types import (
     ERROR_INTERNAL,
@@ -90,7 +92,7 @@ class Contained:
                     yield result
                 return
             except Exception as exc:
-                logger.error("engine failed (%s); isolating its requests", type(exc).__name__)
+                logger.error("engine failed, isolating its requests: %s", exception_trace(exc))
                 with self._lock:
                     suspects = list(self._in_engine.values())
                     self._in_engine.clear()
@@ -107,9 +109,9 @@ class Contained:
                     except Exception as alone:
                         failures += 1
                         logger.error(
-                            "request %s fails alone (%s): internal_error",
+                            "request %s fails alone, internal_error: %s",
                             request.id.split(":")[0],
-                            type(alone).__name__,
+                            exception_trace(alone),
                         )
                         yield failed_result(request)
                 if len(suspects) > 1 and failures == len(suspects):

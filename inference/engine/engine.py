@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from boardwalk.logs import exception_trace
+
 from .blocks import BlockManager
 from .decoding import TextDecoder, token_ids
 from .pacing import BatchPacer
@@ -390,7 +392,7 @@ class Engine:
                 if time.perf_counter() - began >= budget:
                     break
         except Exception as exc:  # OutOfMemoryError included: the single step halves
-            logger.warning("a decoding run stopped: %s", type(exc).__name__)
+            logger.warning("a decoding run stopped: %s", exception_trace(exc))
             self._runner.release_memory()
         finally:
             run.end()
@@ -449,7 +451,7 @@ class Engine:
             try:
                 reason = self._append(seq, token)
             except Exception as exc:
-                logger.error("a sequence could not be advanced: %s", type(exc).__name__)
+                logger.error("a sequence could not be advanced: %s", exception_trace(exc))
                 failed.add(seq.owner)
                 continue
             if reason is not None:

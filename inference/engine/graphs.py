@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from boardwalk.logs import exception_trace
+
 logger = logging.getLogger(__name__)
 
 
@@ -112,11 +114,12 @@ class DecodeGraphs:
                 logits = self._step(ids, table, lengths)
         except Exception as exc:
             logger.warning(
-                "decoding steps of %d rows x %d blocks run without a CUDA graph: %s: %s",
+                # Its message too: a capture runs on placeholder ids, never a request's.
+                "decoding steps of %d rows x %d blocks run without a CUDA graph (%s): %s",
                 rows,
                 width,
-                type(exc).__name__,
                 exc,
+                exception_trace(exc),
             )
             return None
         return _Captured(graph, ids, table, lengths, logits)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
+from boardwalk.logs import exception_trace
+
 from . import attention as paged
 from .allocator import keep_freed_memory
 from .families import engine_refusal
@@ -164,7 +166,7 @@ class ModelRunner:
             except Exception as exc:
                 self._check_ranks()
                 if len(group) == 1:
-                    logger.error("a sequence's forward failed: %s", type(exc).__name__)
+                    logger.error("a sequence's forward failed: %s", exception_trace(exc))
                     failed.add(work[group[0]][0].owner)
                     ok[group[0]] = False
                     continue
@@ -176,7 +178,7 @@ class ModelRunner:
                         raise
                     except Exception as alone:
                         self._check_ranks()
-                        logger.error("a sequence's forward failed: %s", type(alone).__name__)
+                        logger.error("a sequence's forward failed: %s", exception_trace(alone))
                         failed.add(work[i][0].owner)
                         ok[i] = False
                         continue
@@ -428,7 +430,7 @@ class ModelRunner:
         try:
             return list(sample(logits, samplings, histories))
         except Exception as exc:
-            logger.warning("batched sampling failed (%s); sampling row by row", type(exc).__name__)
+            logger.warning("batched sampling failed, sampling row by row: %s", exception_trace(exc))
         tokens: list[int | None] = []
         for i, seq in enumerate(sequences):  # find the row that raised
             try:
@@ -436,7 +438,7 @@ class ModelRunner:
                     sample(logits[i : i + 1], samplings[i : i + 1], histories[i : i + 1])[0]
                 )
             except Exception as exc:
-                logger.error("sampling failed for a sequence: %s", type(exc).__name__)
+                logger.error("sampling failed for a sequence: %s", exception_trace(exc))
                 failed.add(seq.owner)
                 tokens.append(None)
         return tokens

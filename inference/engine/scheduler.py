@@ -34,6 +34,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 
+from boardwalk.logs import exception_trace
+
 from .blocks import BlockManager
 from .pacing import UNLIMITED, BatchAllowance, BatchPacer
 from .sequence import Failed, Request, Sequence, Work, age, rows_held
@@ -171,7 +173,7 @@ class Scheduler:
                 request.order = self._order
                 running.append(self._new_sequence(request, 0))
             except Exception as exc:
-                logger.error("request could not be admitted: %s", type(exc).__name__)
+                logger.error("request could not be admitted: %s", exception_trace(exc))
                 failed.append(request)
                 continue
             rows += request.n
@@ -435,7 +437,7 @@ class Scheduler:
                 try:
                     forks = self._fork(seq)
                 except Exception as exc:
-                    logger.error("choices could not be forked: %s", type(exc).__name__)
+                    logger.error("choices could not be forked: %s", exception_trace(exc))
                     failed.add(seq.owner)
                     continue
                 self.running.extend(forks)

@@ -72,7 +72,7 @@ def test_download_falls_back_to_the_recovery_copy(
     assert content_of(ranged) == body[CHUNK_SIZE - 5 :]
     assert "the primary copy is unreadable" in caplog.text
     if damage == "flipped byte":  # every chunk before the damaged one came from the primary
-        assert f"unreadable at byte {(READ_GROUP_CHUNKS + 1) * CHUNK_SIZE} " in caplog.text
+        assert f"unreadable at byte {(READ_GROUP_CHUNKS + 1) * CHUNK_SIZE}:" in caplog.text
     assert MARKER.decode() not in caplog.text
 
 
