@@ -350,8 +350,11 @@ class InteractiveFeed:
             if submitted.stream:
                 dialect = dialect_of(self.tokenizer)
                 opened = request.params.reasoning_opened
+                calls = request.params.tool_calls is not None
                 for index in range(request.params.n):
-                    self._streams[(request.id, index)] = ReplyStream(dialect, opened=opened)
+                    self._streams[(request.id, index)] = ReplyStream(
+                        dialect, opened=opened, calls=calls
+                    )
         self.taken += 1
         self._reply(submitted, "taken", worker=self.reporter)
         self.put_first(request)

@@ -288,10 +288,14 @@ class Dialect:
         before = answer[:at].strip()
         return before or None, calls
 
-    def stream_view(self, text: str, *, opened: bool = False) -> tuple[str, str]:
+    def stream_view(
+        self, text: str, *, opened: bool = False, calls: bool = True
+    ) -> tuple[str, str]:
         """(reasoning, content) that can be sent so far of a reply that goes on: markup, any
-        tail that could still become markup, and trailing blanks held back, so that each view
-        extends the one before and ends as `read` will."""
+        tail that could still become markup, and blanks `read` could strip held back, so that
+        each view extends the one before and ends as `read` will. `calls`: the request has
+        tools, so tool-call markup may begin in the answer (without tools `read` reads none,
+        and the answer streams as it comes, trailing blanks included)."""
         thinking = self.thinking
         if thinking is not None and not opened and thinking.open.startswith(text.lstrip()):
             return "", ""  # the open marker may still be coming
@@ -300,12 +304,13 @@ class Dialect:
             close = thinking.close if thinking is not None else ""
             return _without_partial(reasoning or "", close).rstrip(), ""
         content = answer
-        if self.tools is not None:
-            at = _trigger_at(content, self.tools.trigger)
-            content = content[:at] if at is not None else content
-            content = _without_partial(content, self.tools.trigger)
-        # Trailing blanks wait for what follows: `read` strips those before a call or after
-        # the reasoning, and the stream's closing chunk sends any the reply ends with.
+        if self.tools is None or not calls:
+            return reasoning or "", content
+        at = _trigger_at(content, self.tools.trigger)
+        content = content[:at] if at is not None else content
+        content = _without_partial(content, self.tools.trigger)
+        # Trailing blanks wait for what follows: `read` strips those before a call, and the
+        # stream's closing chunk sends any the reply ends with.
         return reasoning or "", content.rstrip()
 
 

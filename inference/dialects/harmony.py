@@ -328,7 +328,9 @@ class Harmony(Dialect):
             answer_at=answer_at,
         )
 
-    def stream_view(self, text: str, *, opened: bool = False) -> tuple[str, str]:
+    def stream_view(
+        self, text: str, *, opened: bool = False, calls: bool = True
+    ) -> tuple[str, str]:
         """(reasoning, content) so far: bodies of messages whose header is complete, the last
         one less a tail that could still become markup, and trailing blanks held back."""
         shown: dict[str, list[str]] = {"reasoning": [], "content": []}

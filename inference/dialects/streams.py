@@ -11,16 +11,19 @@ class ReplyStream:
     the dialect can show beyond what was sent, so the deltas join into the reply's
     `reasoning_content` and `content` (tool-call markup never reaches either)."""
 
-    def __init__(self, dialect: Dialect, *, opened: bool = False) -> None:
+    def __init__(self, dialect: Dialect, *, opened: bool = False, calls: bool = True) -> None:
         self.dialect = dialect
         self.opened = opened
+        self.calls = calls  # the request has tools: call markup may begin in the answer
         self.text = ""
         self.reasoning = ""  # sent so far
         self.content = ""
 
     def push(self, piece: str) -> tuple[str, str]:
         self.text += piece
-        reasoning, content = self.dialect.stream_view(self.text, opened=self.opened)
+        reasoning, content = self.dialect.stream_view(
+            self.text, opened=self.opened, calls=self.calls
+        )
         return self._delta(reasoning, "reasoning"), self._delta(content, "content")
 
     def _delta(self, shown: str, which: str) -> str:

@@ -609,6 +609,18 @@ def test_plain_replies_are_text_whatever_they_hold() -> None:
 # -- streaming ----------------------------------------------------------------------------------
 
 
+def test_without_tools_the_answer_streams_as_it_comes() -> None:
+    """A request without tools reads no calls, so nothing that looks like call markup is held
+    back, nor are trailing blanks: each piece goes out as the engine yields it."""
+    hermes = DIALECTS["hermes"]
+    stream = ReplyStream(hermes, calls=False)
+    pieces = ["ok", " ok", " ", "<tool_", "call>"]
+    assert [stream.push(p) for p in pieces] == [("", p) for p in pieces]
+    assert hermes.read("".join(pieces)).content == "".join(pieces)
+    with_tools = ReplyStream(hermes)  # with tools the blank and the trigger wait
+    assert [with_tools.push(p)[1] for p in pieces] == ["ok", " ok", "", "", ""]
+
+
 def stream_cases(family: Family) -> list[str]:
     cases = [
         model_reply(family, assistant("It is 21 degrees in Paris.")),
