@@ -132,7 +132,9 @@ def _reader(tokenizer: Any, dialect: Dialect) -> tuple[Marks, TextDecoder]:
         found = _reading.get(tokenizer)
     if found is None:
         vocab = tokenizer.get_vocab()
-        marks = Marks(frozenset(m for m in dialect.markers if m in vocab))
+        # With ids: a marker whose name is not `<…>` (Mistral's `[TOOL_CALLS]`) is written by
+        # its id, else the grammar would spell it as text the model cannot write.
+        marks = Marks.in_vocabulary(vocab, dialect.markers)
         found = (marks, TextDecoder(tokenizer, dialect.markup))
         with _reading_lock:
             _reading[tokenizer] = found

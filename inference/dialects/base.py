@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,12 @@ class Marks:
     ) -> None:
         self.single_tokens = single_tokens
         self.ids = dict(ids or {})
+
+    @classmethod
+    def in_vocabulary(cls, vocab: Mapping[str, int], markers: Iterable[str]) -> Marks:
+        """The markers that are single tokens of `vocab`, with their ids."""
+        present = {marker: int(vocab[marker]) for marker in markers if marker in vocab}
+        return cls(frozenset(present), ids=present)
 
     def __call__(self, marker: str) -> str:
         if marker in self.single_tokens:
@@ -188,7 +194,10 @@ class Dialect:
         if self.thinking is None:
             return ["start: answer"]
         close = marks(self.thinking.close)
-        lines = [f"thought: THOUGHT {close} /\\s*/", "THOUGHT: /(.|\\n)*/"]
+        # The blanks between the reasoning and the answer are bounded (the templates write
+        # "\n\n"): unbounded, a model that favours a blank token could write them until
+        # max_tokens and never reach the answer the grammar holds it to.
+        lines = [f"thought: THOUGHT {close} /\\s{{0,8}}/", "THOUGHT: /(.|\\n)*/"]
         if opened:
             return ["start: thought answer", *lines]
         return [f"start: ({marks(self.thinking.open)} thought)? answer", *lines]

@@ -39,8 +39,8 @@ def as_generated(tokenizer: Any, dialect: Dialect, reply: str) -> str:
 
 
 def marks_for(tokenizer: Any, dialect: Dialect) -> Marks:
-    vocab = tokenizer.get_vocab()
-    return Marks(frozenset(m for m in dialect.markers if m in vocab))
+    """The marks the engine writes a revision's grammars with (inference/chat_completions.py)."""
+    return Marks.in_vocabulary(tokenizer.get_vocab(), dialect.markers)
 
 
 @functools.cache

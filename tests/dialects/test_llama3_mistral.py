@@ -10,6 +10,7 @@ reply's reasoning is always None (text that looks like `<think>` is content), an
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Callable
@@ -19,12 +20,13 @@ import llguidance
 import llguidance.hf
 import pytest
 
+from inference.chat_completions import sampling_params
 from inference.dialects import DIALECTS, Dialect, Marks, detect
 from inference.dialects.llama3 import Llama3Json, call_schema, one_call_per_turn
 from inference.dialects.mistral import MistralCalls, MistralV11Calls, template_id
 from inference.engine.decoding import TextDecoder
 from inference.structured import validate
-from tests.dialects.conftest import as_generated
+from tests.dialects.conftest import as_generated, marks_for
 
 LLAMA3, MISTRAL, MISTRAL_V11 = DIALECTS["llama3_json"], DIALECTS["mistral"], DIALECTS["mistral_v11"]
 FAMILIES = {
@@ -103,10 +105,8 @@ def grammar_accepts(tokenizer: Any, grammar: str, reply: str) -> bool:
 
 def marks_of(tokenizer: Any, dialect: Dialect) -> Marks:
     """The dialect's markers that are single tokens of the vocabulary, with their ids (Mistral's
-    `[TOOL_CALLS]` and `[ARGS]` are written `<[id]>`)."""
-    vocab = tokenizer.get_vocab()
-    present = {marker: int(vocab[marker]) for marker in dialect.markers if marker in vocab}
-    return Marks(frozenset(present), ids=present)
+    `[TOOL_CALLS]` and `[ARGS]` are written `<[id]>`), as the engine finds them."""
+    return marks_for(tokenizer, dialect)
 
 
 def render(tokenizer: Any, dialect: Dialect, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -554,6 +554,22 @@ def test_the_grammar_writes_mistral_markers_as_their_tokens(
     assert MISTRAL.grammar({"tools": [WEATHER], "tool_choice": "required"}) is not None
     llama = Llama3Json().calls_rules([WEATHER], parallel=True, marks=Marks())
     assert llama[0] == 'calls: call ("; " call)*'
+
+
+def test_the_engine_writes_mistral_grammars_with_the_marker_tokens(
+    family_tokenizer: Callable[[str], Any],
+) -> None:
+    """The grammar a worker builds for a revision (`sampling_params` with its tokenizer) writes
+    `[TOOL_CALLS]` and `[ARGS]` by id: spelled as text, no token the model writes matches
+    them and every forced call dies at its first token."""
+    for name, dialect in (("mistral-nemo", MISTRAL), ("mistral-small-3.2", MISTRAL_V11)):
+        revision = copy.copy(family_tokenizer(name))  # as a worker loads it: dialect attached
+        revision.dialect = dialect
+        body = {"messages": [], "max_tokens": 50, "tools": TOOLS, "tool_choice": "required"}
+        params = sampling_params(body, tokenizer=revision)
+        assert params.constraint is not None
+        reply = compact_reply(dialect, [PARIS])
+        assert grammar_accepts(revision, params.constraint.grammar, reply), name
 
 
 def test_required_and_named_calls(family: Any) -> None:
