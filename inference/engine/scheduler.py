@@ -454,8 +454,13 @@ class Scheduler:
         return bool(self.running) and self.blocks.available - pending < needed
 
     def _pending(self, running: list[Sequence]) -> int:
+        """Blocks the sequences in flight still take: those their tokens fill beyond the table
+        they hold (as `BlockManager` grows it), plus one each for the next token. Counted so,
+        a running sequence needs what it would need parked (`_needed`): an estimate that
+        ignored the room left in its last block parked a batch request for an interactive one
+        and readmitted it in the same call, its keys thrown away for nothing."""
         bs = self.blocks.block_size
-        return sum(math.ceil((s.length - s.computed) / bs) + 1 for s in running)
+        return sum(max(0, math.ceil(s.length / bs) - len(s.blocks)) + 1 for s in running)
 
     def _needed(self, request: Request) -> int:
         """Blocks a waiting request takes to compute what it holds (a parked one: its tokens
