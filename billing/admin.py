@@ -23,10 +23,19 @@ from boardwalk.models import Organization
 class LedgerEntryAdmin(admin.ModelAdmin):
     """Append-only: staff add grants; nothing is edited or deleted."""
 
-    list_display = ("created_at", "org", "kind", "amount_microusd", "batch_id", "memo")
+    # batch_id names a batch, request_id an interactive request (req_…); a grant neither.
+    list_display = (
+        "created_at",
+        "org",
+        "kind",
+        "amount_microusd",
+        "batch_id",
+        "request_id",
+        "memo",
+    )
     list_filter = ("kind", "created_at")
     list_select_related = ("org",)
-    search_fields = ("org__name", "org__id", "batch_id", "memo")
+    search_fields = ("org__name", "org__id", "batch_id", "request_id", "memo")
     date_hierarchy = "created_at"
 
     def get_fields(self, request: Any, obj: Any = None) -> Any:
@@ -37,6 +46,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
             "kind",
             "amount_microusd",
             "batch_id",
+            "request_id",
             "idempotency_key",
             "memo",
             "created_at",
@@ -64,12 +74,14 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 class UsageEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The metering events, for audits: ids, kinds and integer quantities only."""
 
-    # batch_id is the request's req_… for class interactive (its answer's usage is its receipt).
+    # Class interactive names its request in request_id (its answer's usage is its receipt),
+    # class batch its batch in batch_id.
     list_display = (
         "created_at",
         "org",
         "usage_class",
         "batch_id",
+        "request_id",
         "item_id",
         "attempt",
         "kind",
@@ -77,7 +89,14 @@ class UsageEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     )
     list_filter = ("usage_class", "kind", "created_at")
     list_select_related = ("org",)
-    search_fields = ("batch_id", "org__name", "org__id", "revision_id", "deployment_id")
+    search_fields = (
+        "batch_id",
+        "request_id",
+        "org__name",
+        "org__id",
+        "revision_id",
+        "deployment_id",
+    )
     date_hierarchy = "created_at"
     # A million rows: an exact count on every page would cost more than the page.
     show_full_result_count = False

@@ -39,9 +39,12 @@ ROLLUP_SUMS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UsageFacts:
     """One item attempt's usage (ids and counts only, never content).
+
+    Whose: a batch's item (`batch_id`), or an interactive request (`request_id`, class
+    "interactive"); exactly one of the two (the events' `usage_event_one_subject`).
 
     `attempt` is the lease token the item was written under. Tokens count only for a succeeded row
     (the rows that can be published and charged) and a cut interactive request (charged what it
@@ -52,7 +55,8 @@ class UsageFacts:
     """
 
     org_id: str
-    batch_id: str
+    batch_id: str = ""
+    request_id: str = ""
     item_id: int
     attempt: int
     revision_id: str
@@ -79,6 +83,7 @@ def hour_of(moment: dt.datetime) -> dt.datetime:
 _EVENT_COLUMNS = (
     "org_id",
     "batch_id",
+    "request_id",
     "item_id",
     "attempt",
     "revision_id",
@@ -108,6 +113,7 @@ def _event_rows(facts: Iterable[UsageFacts], at: Any) -> list[tuple[Any, ...]]:
                     (
                         f.org_id,
                         f.batch_id,
+                        f.request_id,
                         f.item_id,
                         f.attempt,
                         f.revision_id,

@@ -21,8 +21,12 @@ class LedgerEntry(models.Model):
     org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="ledger")
     kind = models.CharField(max_length=10, choices=Kind.choices)
     amount_microusd = models.BigIntegerField(help_text="Always >= 0; the kind gives the sign.")
+    # What the entry is about: a batch (batch_…), or an interactive request (req_…) in
+    # request_id; a grant names neither.
     batch_id = models.CharField(max_length=40, blank=True, db_index=True)
-    # One entry per (purpose, batch): a retried finalization or acceptance is a no-op.
+    request_id = models.CharField(max_length=40, blank=True, db_index=True)
+    # One entry per (purpose, batch or request): a retried finalization, acceptance or settle
+    # is a no-op (`hold:batch_…`, `charge:req_…`).
     idempotency_key = models.CharField(max_length=120, unique=True)
     memo = models.CharField(max_length=200, blank=True, help_text="Ids and reasons; never content.")
     created_at = models.DateTimeField(default=clock.now, editable=False)
@@ -33,7 +37,11 @@ class LedgerEntry(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(amount_microusd__gte=0), name="ledger_amount_non_negative"
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(batch_id="") | models.Q(request_id=""),
+                name="ledger_one_subject",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -58,15 +66,18 @@ class UsageEvent(models.Model):
         GPU_MICROSECONDS = "gpu_microseconds"  # engine busy time (its share of each step)
 
     org = models.ForeignKey(Organization, on_delete=models.PROTECT, related_name="+")
-    batch_id = models.CharField(max_length=40, db_index=True)
+    # Whose usage: a batch's item (batch_id), or an interactive request (request_id, req_…),
+    # exactly one of the two.
+    batch_id = models.CharField(max_length=40, blank=True, db_index=True)
+    request_id = models.CharField(max_length=40, blank=True, db_index=True)
     item_id = models.BigIntegerField()
     attempt = models.PositiveBigIntegerField(help_text="The item's lease token when written.")
     revision_id = models.CharField(max_length=40)
     deployment_id = models.CharField(max_length=40, blank=True)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     quantity = models.BigIntegerField()
-    # "batch", or "interactive": then batch_id holds the request id (req_…) and item_id a
-    # negative number derived from it (batches.interactive.settle), never a BatchItem's id.
+    # "batch", or "interactive": then request_id names the request and item_id is a negative
+    # number derived from it (batches.interactive.settle), never a BatchItem's id.
     usage_class = models.CharField(max_length=12, default="batch")
     created_at = models.DateTimeField(default=clock.now, editable=False, db_index=True)
 
@@ -76,10 +87,15 @@ class UsageEvent(models.Model):
             models.CheckConstraint(
                 condition=models.Q(quantity__gt=0), name="usage_event_quantity_positive"
             ),
+            models.CheckConstraint(
+                condition=(models.Q(batch_id="") & ~models.Q(request_id=""))
+                | (~models.Q(batch_id="") & models.Q(request_id="")),
+                name="usage_event_one_subject",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.quantity} ({self.batch_id}#{self.item_id})"
+        return f"{self.kind} {self.quantity} ({self.batch_id or self.request_id}#{self.item_id})"
 
 
 class UsageRollup(models.Model):

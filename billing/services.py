@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import secrets
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
@@ -18,13 +19,32 @@ from boardwalk.models import Organization
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Subject:
+    """What a hold, release, charge or refund is about: a batch, or an interactive request.
+
+    The ledger keeps them in their own columns (`batch_id`, `request_id`); the entry's key
+    names whichever it is (`hold:batch_…`, `charge:req_…`)."""
+
+    batch_id: str = ""
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.batch_id) == bool(self.request_id):
+            raise ValueError("a ledger subject is one batch or one interactive request")
+
+    @property
+    def id(self) -> str:
+        return self.batch_id or self.request_id
+
+
 def _append(
     *,
     org_id: str,
     kind: str,
     amount: int,
     key: str,
-    batch_id: str = "",
+    subject: Subject | None = None,
     memo: str = "",
     at: dt.datetime | None = None,
 ) -> bool:
@@ -36,7 +56,8 @@ def _append(
                 kind=kind,
                 amount_microusd=amount,
                 idempotency_key=key,
-                batch_id=batch_id,
+                batch_id=subject.batch_id if subject else "",
+                request_id=subject.request_id if subject else "",
                 memo=memo,
                 created_at=at or clock.now(),
             )
@@ -58,54 +79,60 @@ def credit_grant(*, org: Organization, amount_microusd: int, memo: str = "") -> 
     return LedgerEntry.objects.get(idempotency_key=key)
 
 
-def credit_hold(*, org_id: str, batch_id: str, amount_microusd: int) -> None:
-    """Reserve credit for a batch. Caller holds the org row lock and checked availability."""
+def credit_hold(
+    *, org_id: str, amount_microusd: int, batch_id: str = "", request_id: str = ""
+) -> None:
+    """Reserve credit for a batch or an interactive request (exactly one of the two). Caller
+    holds the org row lock and checked availability."""
+    subject = Subject(batch_id, request_id)
     _append(
         org_id=org_id,
         kind=LedgerEntry.Kind.HOLD,
         amount=amount_microusd,
-        key=f"hold:{batch_id}",
-        batch_id=batch_id,
+        key=f"hold:{subject.id}",
+        subject=subject,
     )
 
 
-def _hold_release(*, org_id: str, batch_id: str) -> None:
+def _hold_release(*, org_id: str, subject: Subject) -> None:
     """Append the release of the batch's (or request's) hold, if it has one; once."""
-    hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{batch_id}").first()
+    hold = LedgerEntry.objects.filter(idempotency_key=f"hold:{subject.id}").first()
     if hold is not None:
         _append(
             org_id=org_id,
             kind=LedgerEntry.Kind.RELEASE,
             amount=hold.amount_microusd,
-            key=f"release:{batch_id}",
-            batch_id=batch_id,
+            key=f"release:{subject.id}",
+            subject=subject,
         )
 
 
 def credit_settle(
     *,
     org_id: str,
-    batch_id: str,
     charge_microusd: int,
     revision_id: str,
     deployment_id: str = "",
     usage_class: UsageClass = "batch",
+    batch_id: str = "",
+    request_id: str = "",
 ) -> None:
-    """Replace a batch's (or an interactive request's) hold by its actual charge; safe to
-    call any number of times.
+    """Replace a batch's (or an interactive request's: exactly one of the two ids) hold by its
+    actual charge; safe to call any number of times.
 
     The charge is added to the usage rollup (the dashboard's spend) only when its ledger
     entry is appended, in the same transaction: spend and ledger cannot disagree.
     """
+    subject = Subject(batch_id, request_id)
     now = clock.now()
     with transaction.atomic():
-        _hold_release(org_id=org_id, batch_id=batch_id)
+        _hold_release(org_id=org_id, subject=subject)
         if charge_microusd > 0 and _append(
             org_id=org_id,
             kind=LedgerEntry.Kind.CHARGE,
             amount=charge_microusd,
-            key=f"charge:{batch_id}",
-            batch_id=batch_id,
+            key=f"charge:{subject.id}",
+            subject=subject,
             at=now,
         ):
             spend_record(
@@ -121,7 +148,7 @@ def credit_settle(
 def credit_void(
     *,
     org_id: str,
-    batch_id: str,
+    request_id: str,
     revision_id: str,
     deployment_id: str = "",
     usage_class: UsageClass = "interactive",
@@ -135,26 +162,27 @@ def credit_void(
     taken out of the rollup's spend). Safe to call any number of times; returns the µUSD
     refunded by this call.
     """
+    subject = Subject(request_id=request_id)
     now = clock.now()
     with transaction.atomic():
-        _hold_release(org_id=org_id, batch_id=batch_id)
+        _hold_release(org_id=org_id, subject=subject)
         if _append(
             org_id=org_id,
             kind=LedgerEntry.Kind.CHARGE,
             amount=0,
-            key=f"charge:{batch_id}",
-            batch_id=batch_id,
+            key=f"charge:{request_id}",
+            subject=subject,
             memo=memo,
             at=now,
         ):
             return 0
-        charged = LedgerEntry.objects.get(idempotency_key=f"charge:{batch_id}").amount_microusd
+        charged = LedgerEntry.objects.get(idempotency_key=f"charge:{request_id}").amount_microusd
         if charged == 0 or not _append(
             org_id=org_id,
             kind=LedgerEntry.Kind.REFUND,
             amount=charged,
-            key=f"refund:{batch_id}",
-            batch_id=batch_id,
+            key=f"refund:{request_id}",
+            subject=subject,
             memo=memo,
             at=now,
         ):
@@ -167,5 +195,5 @@ def credit_void(
             at=now,
             usage_class=usage_class,
         )
-    logger.info("interactive %s refunded %s µUSD after an error answer", batch_id, charged)
+    logger.info("interactive %s refunded %s µUSD after an error answer", request_id, charged)
     return charged

@@ -1,8 +1,8 @@
 """Credit holds that no worker settled: the sweeper gives them back.
 
-An interactive request's hold (`hold:req_…`) is released where it ran (batches.interactive.
-settle) or by the web tier, which voids every request it answers with an error
-(service.interactive_void). A worker and a web process that both died mid-request do
+An interactive request's hold (`hold:req_…`, the entry's `request_id`) is released where it
+ran (batches.interactive.settle) or by the web tier, which voids every request it answers with
+an error (service.interactive_void). A worker and a web process that both died mid-request do
 neither, and the hold would keep the credit from the organization for good. Once the
 request's reply deadline has passed (its wait for a worker, its run, and a margin), nothing
 can settle it any more on its own: the sweep appends its release, an entry like any other,
@@ -38,24 +38,21 @@ def orphaned_holds_release() -> int:
     """Release the holds of interactive requests that no one settled by their deadline;
     returns how many it found (one settled in the meantime keeps its own release)."""
     released = LedgerEntry.objects.filter(
-        batch_id=OuterRef("batch_id"), kind=LedgerEntry.Kind.RELEASE
+        request_id=OuterRef("request_id"), kind=LedgerEntry.Kind.RELEASE
     )
     orphans = (
-        LedgerEntry.objects.filter(
-            kind=LedgerEntry.Kind.HOLD,
-            batch_id__startswith="req_",  # interactive requests' ids; batches' are batch_…
-            created_at__lt=orphan_cutoff(),
-        )
+        LedgerEntry.objects.filter(kind=LedgerEntry.Kind.HOLD, created_at__lt=orphan_cutoff())
+        .exclude(request_id="")  # interactive requests' holds; batches' name a batch_id
         .exclude(Exists(released))
         .order_by("created_at")
-        .values_list("org_id", "batch_id")[:BATCH_SIZE]
+        .values_list("org_id", "request_id")[:BATCH_SIZE]
     )
     count = 0
     for org_id, request_id in list(orphans):
         # Nothing ran to bill: the release alone (revision only names a charge's spend).
         credit_settle(
             org_id=org_id,
-            batch_id=request_id,
+            request_id=request_id,
             charge_microusd=0,
             revision_id="",
             usage_class="interactive",

@@ -246,7 +246,7 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
                     f"{available} µUSD of available credit."
                 )
             if hold > 0:
-                credit_hold(org_id=org.id, batch_id=request_id, amount_microusd=hold)
+                credit_hold(org_id=org.id, request_id=request_id, amount_microusd=hold)
     except BaseException:
         admission.release()
         raise
@@ -270,7 +270,7 @@ def interactive_void(accepted: Accepted) -> int:
     nothing; a charge a worker made before the error answer is refunded (returned, µUSD)."""
     return credit_void(
         org_id=accepted.submitted.org_id,
-        batch_id=accepted.submitted.id,
+        request_id=accepted.submitted.id,
         revision_id=accepted.revision_id,
         deployment_id=accepted.key.deployment_id,
         memo="answered with an error",

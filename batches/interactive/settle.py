@@ -63,7 +63,7 @@ def interactive_settle(
             facts=[
                 UsageFacts(
                     org_id=submitted.org_id,
-                    batch_id=submitted.id,
+                    request_id=submitted.id,
                     item_id=event_item_id(submitted.id),
                     attempt=0,
                     revision_id=revision_id,
@@ -80,7 +80,7 @@ def interactive_settle(
         )
         credit_settle(
             org_id=submitted.org_id,
-            batch_id=submitted.id,
+            request_id=submitted.id,
             charge_microusd=charge,
             revision_id=revision_id,
             deployment_id=submitted.deployment_id,

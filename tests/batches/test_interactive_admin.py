@@ -94,5 +94,10 @@ def test_the_usage_event_admin_shows_interactive_requests_by_class(staff, tenant
     interactive_settle(accepted.submitted, succeeded(accepted), revision_id=accepted.revision_id)
     interactive = staff.get("/admin/billing/usageevent/?usage_class__exact=interactive")
     assert interactive.status_code == 200 and accepted.submitted.id in interactive.content.decode()
+    # In its own column, request_id (batch_id names batches only).
+    request_cell = f'<td class="field-request_id">{accepted.submitted.id}</td>'
+    assert request_cell in interactive.content.decode()
     batch = staff.get("/admin/billing/usageevent/?usage_class__exact=batch")
     assert accepted.submitted.id not in batch.content.decode()
+    ledger = staff.get(f"/admin/billing/ledgerentry/?q={accepted.submitted.id}").content.decode()
+    assert ledger.count(request_cell) == 3  # its hold, its release and its charge

@@ -62,7 +62,7 @@ def _result(accepted: Any, *, completion: int, aborted: bool = False, error: str
 
 def _kinds(request_id: str) -> dict[str, list[int]]:
     kinds: dict[str, list[int]] = {}
-    for entry in LedgerEntry.objects.filter(batch_id=request_id).order_by("id"):
+    for entry in LedgerEntry.objects.filter(request_id=request_id).order_by("id"):
         kinds.setdefault(entry.kind, []).append(entry.amount_microusd)
     return kinds
 
@@ -86,7 +86,9 @@ def test_a_cut_request_pays_its_prompt_and_the_tokens_generated_before_it_stoppe
     expected = token_charge(TokenPrices(*INTERACTIVE_PRICES), prompt=7, cached=0, completion=3)
     assert charge == expected > 0
     assert _kinds(accepted.submitted.id)["charge"] == [expected]
-    events = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=accepted.submitted.id)}
+    events = {
+        e.kind: e.quantity for e in UsageEvent.objects.filter(request_id=accepted.submitted.id)
+    }
     assert (events["input_tokens"], events["output_tokens"]) == (7, 3)
     after = credit_for_org(org_id=tenant.org.id)
     assert (after.balance, after.held) == (before.balance - expected, before.held)
@@ -242,9 +244,9 @@ def test_a_plain_request_answered_503_after_a_broker_failure_is_never_charged(
         )
 
     assert failed.value.status_code == 503 and failed.value.code == "backend_unavailable"
-    request_id = LedgerEntry.objects.get(org=tenant.org, kind="hold").batch_id
+    request_id = LedgerEntry.objects.get(org=tenant.org, kind="hold").request_id
     deadline = time.monotonic() + 30
-    while not UsageEvent.objects.filter(batch_id=request_id).exists():
+    while not UsageEvent.objects.filter(request_id=request_id).exists():
         assert time.monotonic() < deadline, "the worker never settled the request"
         time.sleep(0.05)
     kinds = _kinds(request_id)
@@ -252,5 +254,5 @@ def test_a_plain_request_answered_503_after_a_broker_failure_is_never_charged(
     assert kinds["release"] == kinds["hold"]
     assert credit_for_org(org_id=tenant.org.id) == before
     # The worker stopped it (abort flag), instead of generating its 200 tokens.
-    output = UsageEvent.objects.filter(batch_id=request_id, kind="output_tokens").first()
+    output = UsageEvent.objects.filter(request_id=request_id, kind="output_tokens").first()
     assert output is None or output.quantity < 200

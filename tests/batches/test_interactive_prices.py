@@ -90,7 +90,7 @@ def test_default_pays_interactive_prices_and_flex_the_lower_batch_prices(
     assert flex.submitted.prices == list(PRICES)
     assert all(f <= d for f, d in zip(flex.submitted.prices, default.submitted.prices, strict=True))
     holds = {
-        entry.batch_id: entry.amount_microusd
+        entry.request_id: entry.amount_microusd
         for entry in LedgerEntry.objects.filter(kind=LedgerEntry.Kind.HOLD)
     }
     assert 0 < holds[flex.submitted.id] <= holds[default.submitted.id]  # never free

@@ -17,6 +17,7 @@ from batches.interactive.settle import interactive_settle
 from batches.sweeps import LEASES, sweep_work
 from billing.models import LedgerEntry
 from billing.selectors import credit_for_org
+from billing.services import credit_hold
 from boardwalk import clock
 from boardwalk.errors import CapacityExceeded
 from inference.engine.types import FINISH_LENGTH, Choice, GenerationResult
@@ -44,7 +45,7 @@ def _past_deadline() -> dt.timedelta:
 
 
 def _entries(request_id: str, kind: str) -> int:
-    return LedgerEntry.objects.filter(batch_id=request_id, kind=kind).count()
+    return LedgerEntry.objects.filter(request_id=request_id, kind=kind).count()
 
 
 def accepted_request(tenant):
@@ -82,6 +83,19 @@ def test_a_hold_no_worker_settled_is_released_once_after_its_deadline(tenant, pr
     # A worker that settles after all still bills what ran; the hold is not released twice.
     interactive_settle(accepted.submitted, succeeded(accepted), revision_id=accepted.revision_id)
     assert _entries(request_id, "release") == 1 and _entries(request_id, "charge") == 1
+
+
+def test_a_batch_hold_is_never_taken_for_an_orphaned_request(tenant, priced):
+    """The sweep finds interactive holds by their request_id: a batch's hold, as old as it
+    may be, is the batch's finalization to release."""
+    credit_hold(org_id=tenant.org.id, batch_id="batch_old", amount_microusd=900)
+    accepted = accepted_request(tenant)
+    with clock.travel(_past_deadline()):
+        assert sweep_work(only=[LEASES]).holds_released == 1
+    assert _entries(accepted.submitted.id, "release") == 1
+    assert not LedgerEntry.objects.filter(batch_id="batch_old", kind="release").exists()
+    release = LedgerEntry.objects.get(kind="release")
+    assert (release.request_id, release.batch_id) == (accepted.submitted.id, "")
 
 
 def test_a_settled_request_is_left_alone(tenant, priced):

@@ -258,12 +258,12 @@ def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
     assert generation_id in fake_engine.told  # the engine was given its id in aborted()
     assert fake_engine.freed == [generation_id]  # and freed its rows before its 400 tokens
     request_id = generation_id.removeprefix("ia:")
-    settled = LedgerEntry.objects.filter(batch_id=request_id)
+    settled = LedgerEntry.objects.filter(request_id=request_id)
     while not settled.filter(kind="release").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     # A cut stream pays its prompt and the tokens generated before it stopped, as OpenAI
     # bills a cancelled stream: more than the 2 text chunks it received, far fewer than 400.
-    usage = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=request_id)}
+    usage = {e.kind: e.quantity for e in UsageEvent.objects.filter(request_id=request_id)}
     assert 2 <= usage["output_tokens"] < 400
     expected = token_charge(
         TokenPrices(*INTERACTIVE_PRICES),
@@ -398,8 +398,8 @@ def test_a_tampered_request_message_is_refused_and_the_genuine_one_answered(
     assert all('batches/interactive/feed.py", line' in r.getMessage() for r in refusals)
     assert all(CONTENT_MARKER not in r.getMessage() for r in caplog.records)
     metered = UsageEvent.objects.filter(org=tenant.org)
-    assert {(e.batch_id, e.item_id, e.attempt) for e in metered} == {  # one request, once
-        (metered[0].batch_id, metered[0].item_id, metered[0].attempt)
+    assert {(e.batch_id, e.request_id, e.item_id, e.attempt) for e in metered} == {
+        ("", metered[0].request_id, metered[0].item_id, metered[0].attempt)  # one request, once
     }
     assert metered.filter(kind=UsageEvent.Kind.OUTPUT_TOKENS).count() == 1
     after = credit_for_org(org_id=tenant.org.id)

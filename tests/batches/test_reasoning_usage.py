@@ -140,7 +140,7 @@ def _feed(accepted: Any, tokenizer: Any, replies: list[tuple[str, dict[str, Any]
 
     def reply(to: Any, kind: str, **fields: Any) -> bool:
         # What was settled by the time anything goes back to the client.
-        settled = LedgerEntry.objects.filter(batch_id=to.id, kind="charge").exists()
+        settled = LedgerEntry.objects.filter(request_id=to.id, kind="charge").exists()
         replies.append((kind, {**fields, "settled": settled}))
         return True
 
@@ -175,12 +175,14 @@ def test_an_interactive_answer_is_settled_first_with_its_reasoning_count(
     assert reasoning == (
         len(thinking.encode(THOUGHT, add_special_tokens=False)) if text != ANSWER else 0
     )
-    events = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=accepted.submitted.id)}
+    events = {
+        e.kind: e.quantity for e in UsageEvent.objects.filter(request_id=accepted.submitted.id)
+    }
     assert events.get("reasoning_tokens", 0) == reasoning
     assert events["output_tokens"] == result.completion_tokens
     interactive = UsageRollup.objects.get(usage_class="interactive")
     assert interactive.reasoning_tokens == reasoning
-    charge = LedgerEntry.objects.get(batch_id=accepted.submitted.id, kind="charge")
+    charge = LedgerEntry.objects.get(request_id=accepted.submitted.id, kind="charge")
     assert charge.amount_microusd == token_charge(
         TokenPrices(*INTERACTIVE_PRICES), prompt=9, cached=0, completion=result.completion_tokens
     )
@@ -199,8 +201,8 @@ def test_an_answer_that_cannot_be_read_is_still_settled_before_the_error(
     with pytest.raises(ValueError, match="unreadable"):
         _feed(accepted, thinking, replies).finished(result)
     assert replies == []
-    assert LedgerEntry.objects.filter(batch_id=accepted.submitted.id, kind="charge").exists()
+    assert LedgerEntry.objects.filter(request_id=accepted.submitted.id, kind="charge").exists()
     kinds = set(
-        UsageEvent.objects.filter(batch_id=accepted.submitted.id).values_list("kind", flat=True)
+        UsageEvent.objects.filter(request_id=accepted.submitted.id).values_list("kind", flat=True)
     )
     assert "output_tokens" in kinds and "reasoning_tokens" not in kinds

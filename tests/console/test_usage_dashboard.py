@@ -188,11 +188,16 @@ def test_an_organization_with_only_stopped_work_has_its_row(tenant, catalog_mode
 
 def _usage(tenant: Any, revision_id: str, *, deployment_id: str = "", n: int, **facts: Any) -> None:
     """Metered usage as workers record it (the rollup the dashboard reads)."""
+    subject = (
+        {"request_id": f"req_{revision_id}_{n}"}
+        if facts.get("usage_class") == "interactive"
+        else {"batch_id": f"batch_{revision_id}_{n}"}
+    )
     usage_record(
         facts=[
             UsageFacts(
                 org_id=tenant.org.id,
-                batch_id=f"req_{revision_id}_{n}",
+                **subject,
                 item_id=20_000_000 + n,
                 attempt=1,
                 revision_id=revision_id,

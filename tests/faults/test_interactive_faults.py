@@ -110,19 +110,19 @@ def _request_id(first: dict[str, Any]) -> str:
 
 
 def _settled(request_id: str) -> bool:
-    return LedgerEntry.objects.filter(batch_id=request_id, kind="release").exists()
+    return LedgerEntry.objects.filter(request_id=request_id, kind="release").exists()
 
 
 def _check_money(request_id: str, *, charged: bool) -> int:
     """Hold released once; the charge is 0 (`charged` False) or exactly the prompt plus the
     tokens generated before the stop, fewer than asked. Returns the tokens generated."""
-    ledger = LedgerEntry.objects.filter(batch_id=request_id)
+    ledger = LedgerEntry.objects.filter(request_id=request_id)
     holds = list(ledger.filter(kind="hold").values_list("amount_microusd", flat=True))
     releases = list(ledger.filter(kind="release").values_list("amount_microusd", flat=True))
     assert len(holds) == 1 and releases == holds, (holds, releases)
     charges = list(ledger.filter(kind="charge").values_list("amount_microusd", flat=True))
     refunds = list(ledger.filter(kind="refund").values_list("amount_microusd", flat=True))
-    usage = {e.kind: e.quantity for e in UsageEvent.objects.filter(batch_id=request_id)}
+    usage = {e.kind: e.quantity for e in UsageEvent.objects.filter(request_id=request_id)}
     generated = usage.get("output_tokens", 0)
     if not charged:
         assert sum(charges) - sum(refunds) == 0, (charges, refunds)
@@ -222,17 +222,17 @@ def test_a_plain_request_answered_503_after_a_redis_kill_is_never_charged(
     answers: list[tuple[int, Any]] = []
     caller = threading.Thread(target=lambda: answers.append(interactive.plain()))
     caller.start()
-    held = LedgerEntry.objects.filter(kind="hold", batch_id__startswith="req_")
+    held = LedgerEntry.objects.filter(kind="hold").exclude(request_id="")
     hold = wait_for(lambda: held.order_by("-id").first(), timeout=60, what="the request held")
     time.sleep(1.5)  # taken and running on the worker
     stack.kill_redis()
     caller.join(60)
     time.sleep(1)
     stack.start_redis()
-    wait_for(lambda: _settled(hold.batch_id), timeout=60, what="the hold released")
+    wait_for(lambda: _settled(hold.request_id), timeout=60, what="the hold released")
 
     assert answers and answers[0][0] == 503, answers
-    _check_money(hold.batch_id, charged=False)
+    _check_money(hold.request_id, charged=False)
     scenario("interactive: Redis kill mid-request (plain)")
 
 
