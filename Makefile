@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run test formats lint format worker bench
+.PHONY: install run test formats lint format worker bench gpu-check
 
 install: $(STAMP)
 
@@ -43,3 +43,7 @@ worker: install
 bench: install
 	$(PY) benchmarks/upload.py
 	$(PY) benchmarks/engine.py
+
+# The GPU tests and figures in one table, under 8 minutes (docs/PERFORMANCE.md "GPU check").
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py

@@ -37,6 +37,9 @@ tar -x -C /tmp/old`, then `/tmp/old/inference/engine`) that engine runs too, alt
 the same process. With `--shared-prefix` the rows share the 500-token system prompt (packed
 steps read its blocks once for all rows; decoding still goes padded where that is cheaper).
 
+`--json PATH` also writes each request count's figures (median tok/s of every strategy and the
+metered run's) to PATH as JSON, rewritten after each count (benchmarks/gpu_check.py reads it).
+
 `--structured [options of benchmarks/structured.py]` runs that script: the same batch with and
 without JSON schemas on half of its rows.
 """
@@ -44,6 +47,7 @@ without JSON schemas on half of its rows.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -174,8 +178,9 @@ def roofline_run(
     tokens: int,
     bandwidth: float | None,
     device: torch.device,
-) -> None:
-    """One more engine run, metered: tok/s, peak device memory, fraction of the roofline."""
+) -> dict[str, float | None]:
+    """One more engine run, metered: tok/s, peak device memory, fraction of the roofline;
+    printed, and returned (GiB and the fraction are None where not known)."""
     on_gpu = device.type == "cuda"
     if on_gpu:
         torch.cuda.synchronize(device)
@@ -190,6 +195,14 @@ def roofline_run(
     seconds = time.perf_counter() - began
     traffic.enabled = False
     moved = traffic.total_bytes()
+    figures: dict[str, float | None] = {
+        "tok_s": tokens / seconds,
+        "forwards": traffic.forwards,
+        "gb_read": moved / 1e9,
+        "peak_gib": None,
+        "total_gib": None,
+        "roofline": None,
+    }
     line = (
         f"  metered engine run: {tokens / seconds:7.1f} tok/s, {traffic.forwards} forwards, "
         f"{moved / 1e9:.1f} GB read at least ({moved / seconds / 1e9:.0f} GB/s)"
@@ -197,10 +210,13 @@ def roofline_run(
     if on_gpu:
         peak = torch.cuda.max_memory_allocated(device) / 2**30
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        figures.update(peak_gib=peak, total_gib=total)
         line += f"; GPU memory peak {peak:.1f} of {total:.0f} GiB"
     if bandwidth:
+        figures["roofline"] = moved / seconds / bandwidth
         line += f"; {moved / seconds / bandwidth:.1%} of the {bandwidth / 1e12:.2f} TB/s roofline"
     print(line, flush=True)
+    return figures
 
 
 def make_requests(
@@ -459,6 +475,7 @@ def main() -> None:
     )
     parser.add_argument("--host-rows", type=int, nargs="*", help="measure host time (see doc)")
     parser.add_argument("--old-engine", type=Path, help="an older engine package, for --host-rows")
+    parser.add_argument("--json", type=Path, help="also write each request count's figures here")
     args = parser.parse_args()
 
     model_dir = args.model_dir
@@ -512,6 +529,7 @@ def main() -> None:
             print(f"  prefix cache on / off: {on / off:.2f}x", flush=True)
         return
 
+    summary: list[dict[str, Any]] = []
     for count in args.requests:
         requests = make_requests(tokenizer, count, args.seed)
         expected = [hidden.length(len(r.prompt_ids)) for r in requests]
@@ -545,8 +563,12 @@ def main() -> None:
         for name, rate in rates.items():
             if not name.startswith("(d)"):
                 print(f"  engine / {name[:3]}: {ours / rate:.2f}x")
-        roofline_run(engine, requests, traffic, sum(expected), bandwidth, model.device)
+        metered = roofline_run(engine, requests, traffic, sum(expected), bandwidth, model.device)
         print(flush=True)
+        if args.json:
+            run = {"requests": count, "model": model_dir.name, "device": str(model.device)}
+            summary.append({**run, "tok_s": rates, "metered": metered})
+            args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Batch on spare capacity: interactive requests beside a batch backlog on one engine.
 
     .venv/bin/python benchmarks/spare_capacity.py [--seconds 30] [--load 0.3]
-        [--old-engine DIR] [--rounds 1]
+        [--old-engine DIR] [--rounds 1] [--json PATH]
 
 Drives the in-process `Engine` directly on the bench model (built once under var/models, no
 download), 32 rows, as a worker would: interactive requests (priority 1, streamed, 32 tokens,
@@ -19,12 +19,14 @@ rows that finished inside the window (the same cut in every phase). The old engi
 an older `inference/engine` (`--old-engine DIR`: `git archive REV inference/engine | tar -x -C
 /tmp/old`, then /tmp/old/inference/engine), run in the same process. On a shared CPU the
 figures move with the other processes' load: the phases run alternately over `--rounds`, and
-medians are printed.
+medians are printed. `--json PATH` also writes those medians to PATH as JSON
+(benchmarks/gpu_check.py reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -190,6 +192,7 @@ def main() -> None:
     # On a CPU shared with other processes one thread is several times faster than a pool
     # whose threads wait on each other (8 against 64 tok/s at one row on 2 loaded cores).
     parser.add_argument("--threads", type=int, default=1, help="torch threads on a CPU")
+    parser.add_argument("--json", type=Path, help="also write the medians here")
     args = parser.parse_args()
 
     model_dir = build_demo_model(args.model_dir, size="bench")
@@ -236,8 +239,10 @@ def main() -> None:
         f"interactive: {statistics.median(rates):.2f} requests/s of {CHAT_TOKENS} tokens "
         f"({args.load:.0%} of batch-alone tokens), {len(a_ttft)} in (a), {len(b_ttft)} in (b)"
     )
+    summary: dict[str, Any] = {"model": model_dir.name, "device": str(model.device)}
     for name, q in (("p50", 0.5), ("p99", 0.99)):
         a_q, b_q = pct(a_ttft, q), pct(b_ttft, q)
+        summary[f"ttft_{name}_ms"] = {"alone": a_q * 1e3, "beside_batch": b_q * 1e3}
         print(
             f"TTFT {name}: (a) alone {a_q * 1e3:.0f} ms, (b) beside batch {b_q * 1e3:.0f} ms, "
             f"(b)/(a) {b_q / a_q:.2f}"
@@ -251,7 +256,12 @@ def main() -> None:
     else:
         print(f"batch alone: new {new_alone:.0f} tok/s (no old engine given)")
     during = statistics.median(b_batch)
-    print(f"batch during (b): {during:.0f} tok/s, {during / new_alone:.0%} of batch alone")
+    share = f"{during / new_alone:.0%} of batch alone" if new_alone else "no batch row ended alone"
+    print(f"batch during (b): {during:.0f} tok/s, {share}")
+    if args.json:
+        summary.update(batch_alone_tok_s=new_alone, batch_during_tok_s=during)
+        summary.update(chats=[len(a_ttft), len(b_ttft)], requests_per_s=statistics.median(rates))
+        args.json.write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
