@@ -23,6 +23,10 @@ free (scheduler.py); a full engine still pulls one when its source says one is n
 frees its rows within a step. A streaming request (`stream`) gets each step's new text as a
 `PartialResult` before its result.
 
+The engine core has verbs, as vLLM's and nano-vllm's: `add` a request, `abort` ids, `step`
+(admit, run one step or one decoding run, and return the outputs since the last step), over one
+scheduler for the engine's life; `generate` is a loop over them that pulls from a source.
+
 This module is the loop and the results: pulling requests, polling aborts, appending sampled
 tokens, stop strings, busy-time shares. What it drives is in modules of their own: the state
 in flight (sequence.py), admission, each step's plan and preemption (scheduler.py), block
@@ -145,10 +149,115 @@ class Engine:
             max_tokens=self.max_step_tokens,
             block_size=block_size,
         )
+        self._scheduler = Scheduler(
+            self._blocks,
+            max_batch_size=max_batch_size,
+            max_step_tokens=self.max_step_tokens,
+            context_length=context_length,
+            vocab_size=self._runner.vocab_size,
+            media_modalities=self.media_modalities,
+            new_sequence=self._sequence,
+            pacer=self._pacer,
+        )
+        # What `add` and `abort` answer at once, for the next `step` to return first.
+        self._outbox: list[GenerationResult | PartialResult] = []
+        self._step_seconds = 0.0  # the last step's work (the abort poll's clock)
+        self._call: object | None = None  # the `generate` call running, if any
 
     def clear_prefix_cache(self) -> None:
-        """Forget the cached blocks of finished requests (not while `generate` runs)."""
+        """Forget the cached blocks of finished requests (between calls: not while requests
+        are held)."""
         self._blocks.clear_cache()
+
+    # -- the verbs ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a request. One that can never run (context_length_exceeded,
+        invalid_request) comes out of the next `step` as its error result instead."""
+        self._queue(request)
+
+    def abort(self, request_ids: Collection[str]) -> None:
+        """Stop the requests held (in flight or waiting) with these ids, freeing their
+        blocks; their results (aborted=True) come out of the next `step`. Ids not held are
+        ignored."""
+        for owner in self._scheduler.abort(request_ids):
+            owner.reported = True
+            self._outbox.append(_empty_result(owner, aborted=True))
+
+    def step(
+        self,
+        *,
+        plan_ahead: bool = False,
+        interrupt: Callable[[], bool] | None = None,
+        run_seconds: float = math.inf,
+    ) -> list[GenerationResult | PartialResult]:
+        """Admit what fits and, when something is in flight, run one step: or, with
+        `plan_ahead` (nothing will be added before rows free up), a decoding run of up to
+        MAX_RUN_STEPS when its plan is known (runs.py), ended early by `interrupt()` or
+        after `run_seconds`. Returns the outputs of `add` and `abort` since the last step,
+        then the requests whose admission failed (internal_error), then the step's partial
+        texts, finished results and failed requests."""
+        scheduler = self._scheduler
+        self._step_seconds = 0.0
+        for owner in scheduler.admit():
+            self._outbox.append(_empty_result(owner, error=ERROR_INTERNAL))
+        if scheduler.running:
+            self._outbox.extend(self._step_running(plan_ahead, interrupt, run_seconds))
+        return self._drain()
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether requests are held or outputs wait for the next `step`."""
+        return self._scheduler.holding or bool(self._outbox)
+
+    @property
+    def rows_in_use(self) -> int:
+        """Rows held by the requests in flight and waiting: n each."""
+        return self._scheduler.rows_in_use()
+
+    def _queue(self, request: GenerationRequest, *, aborted: bool = False) -> bool:
+        """Add a request to the scheduler, or its result (refused, else `aborted`) to the
+        outbox; returns whether it was queued."""
+        error = self._scheduler.refusal(request)
+        if error or aborted:
+            self._outbox.append(_empty_result(Request(request), error=error, aborted=not error))
+            return False
+        self._scheduler.add(Request(request))
+        return True
+
+    def _drain(self) -> list[GenerationResult | PartialResult]:
+        outputs, self._outbox = self._outbox, []
+        return outputs
+
+    def _reset(self) -> None:
+        """Drop every request held and every output not taken, releasing their blocks."""
+        self._scheduler.reset()
+        self._outbox.clear()
+
+    def _step_running(
+        self, plan_ahead: bool, interrupt: Callable[[], bool] | None, run_seconds: float
+    ) -> list[GenerationResult | PartialResult]:
+        scheduler = self._scheduler
+        began = time.perf_counter()
+        with torch.inference_mode():
+            run = self._plan_run(scheduler) if self._runs and plan_ahead else None
+            if run is None:
+                stepped, advanced, finished, failed = self._step(scheduler)
+            else:
+                stepped, advanced, finished, failed = self._run(
+                    scheduler, run, budget=run_seconds, urgent=interrupt
+                )
+        spent = self._step_seconds = self._account(began, stepped)
+        if scheduler.last_paced is not None:
+            rows, tokens = scheduler.last_paced
+            self._pacer.observe(spent, batch_rows=rows, batch_tokens=tokens)
+        outputs: list[GenerationResult | PartialResult] = [*self._partials(advanced)]
+        outputs.extend(self._results(finished))
+        for owner in failed.owners:
+            if not owner.reported:
+                owner.reported = True
+                outputs.append(_empty_result(owner, error=ERROR_INTERNAL))
+        return outputs
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -171,21 +280,19 @@ class Engine:
         stopped and yielded with aborted=True. Invalid requests (context_length_exceeded,
         invalid_request) are yielded immediately as error results. A request with `stream`
         also gets PartialResults, its new text after each step, before its result.
+
+        A loop over `add`, `abort` and `step`; what it holds is dropped (its blocks released)
+        when it ends, however it ends. One call at a time: a call started while another is
+        open (abandoned without being closed) takes the engine over, dropping what the other
+        held; the other must not be resumed.
         """
         source = iter(requests)
-        scheduler = Scheduler(
-            self._blocks,
-            max_batch_size=self.max_batch_size,
-            max_step_tokens=self.max_step_tokens,
-            context_length=self.context_length,
-            vocab_size=self._runner.vocab_size,
-            media_modalities=self.media_modalities,
-            new_sequence=self._sequence,
-            pacer=self._pacer,
-        )
+        self._reset()
+        call = self._call = object()
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
         work_since_poll = float("inf")
+        scheduler = self._scheduler
         try:
             while True:
                 if (
@@ -198,11 +305,10 @@ class Engine:
                 ):
                     aborted_ids = frozenset(aborted())
                     work_since_poll = 0.0
-                    for owner in scheduler.abort(aborted_ids):
-                        owner.reported = True
-                        yield _empty_result(owner, aborted=True)
+                    self.abort(aborted_ids)
+                    yield from self._drain()
 
-                in_use = 0 if exhausted else scheduler.rows_in_use()
+                in_use = 0 if exhausted else self.rows_in_use
                 while not exhausted and (
                     in_use < self.max_batch_size or (urgent is not None and urgent())
                 ):
@@ -213,47 +319,21 @@ class Engine:
                         break
                     if request is NOT_READY:  # step what is held; ask again after it
                         break
-                    error = scheduler.refusal(request)
-                    if error or request.id in aborted_ids:
-                        yield _empty_result(Request(request), error=error, aborted=not error)
-                        continue
-                    scheduler.add(Request(request))
-                    in_use += request.params.n
+                    if self._queue(request, aborted=request.id in aborted_ids):
+                        in_use += request.params.n
+                    yield from self._drain()
 
-                for owner in scheduler.admit():
-                    yield _empty_result(owner, error=ERROR_INTERNAL)
-
-                if not scheduler.running:
-                    if exhausted and not scheduler.waiting:
-                        return
-                    continue
-
-                began = time.perf_counter()
-                with torch.inference_mode():
-                    run = None
-                    if self._runs and (exhausted or in_use >= self.max_batch_size):
-                        # The source would not be asked before rows free up: plan ahead.
-                        run = self._plan_run(scheduler)
-                    if run is None:
-                        stepped, advanced, finished, failed = self._step(scheduler)
-                    else:
-                        budget = self.abort_poll_seconds - work_since_poll if aborted else math.inf
-                        stepped, advanced, finished, failed = self._run(
-                            scheduler, run, budget=budget, urgent=urgent
-                        )
-                spent = self._account(began, stepped)
-                work_since_poll += spent
-                if scheduler.last_paced is not None:
-                    rows, tokens = scheduler.last_paced
-                    self._pacer.observe(spent, batch_rows=rows, batch_tokens=tokens)
-                yield from self._partials(advanced)
-                yield from self._results(finished)
-                for owner in failed.owners:
-                    if not owner.reported:
-                        owner.reported = True
-                        yield _empty_result(owner, error=ERROR_INTERNAL)
+                budget = self.abort_poll_seconds - work_since_poll if aborted else math.inf
+                # The source would not be asked before rows free up: plan ahead.
+                plan_ahead = exhausted or in_use >= self.max_batch_size
+                yield from self.step(plan_ahead=plan_ahead, interrupt=urgent, run_seconds=budget)
+                work_since_poll += self._step_seconds
+                if exhausted and not scheduler.holding:
+                    return
         finally:
-            scheduler.close()
+            if self._call is call:  # (not taken over: an abandoned call closes late)
+                self._call = None
+                self._reset()
 
     def _account(self, began: float, sequences: list[Sequence]) -> float:
         spent = time.perf_counter() - began

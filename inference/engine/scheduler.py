@@ -1,4 +1,5 @@
-"""The scheduler: admission, the plan of each step, preemption (one per `generate` call).
+"""The scheduler: admission, the plan of each step, preemption (one per engine, `reset` when a
+`generate` call ends).
 
 Requests wait until a row is free and the memory left (blocks.py) covers their prompt plus
 what the sequences in flight still have to compute; then their first choice is in flight, and
@@ -71,11 +72,16 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.waiting: deque[Request] = deque()
         self._new_sequence = new_sequence
-        self._order = 0
-        self._step_rows = max_batch_size  # lowered for the rest of the call by out-of-memory
-        self._step_tokens = max_step_tokens
+        self._max_step_tokens = max_step_tokens
         self._pacer = pacer
         self._gather_rows = max(1, max_batch_size // 8)
+        self._start()
+
+    def _start(self) -> None:
+        """The state a call starts from (`reset` restores it)."""
+        self._order = 0
+        self._step_rows = self.max_batch_size  # lowered until `reset` by out-of-memory
+        self._step_tokens = self._max_step_tokens
         self._gathering = 0  # steps the fresh batch prompts have waited so far
         self._seen_interactive = False  # pacing is consulted only once one was admitted
         # The batch rows and prompt tokens of the last plan when it was paced (not an
@@ -221,10 +227,14 @@ class Scheduler:
             self.blocks.release(seq)
         self.running[:] = [s for s in self.running if id(s) not in done]
 
-    def close(self) -> None:
-        """Release every block still held (the call ends, however it ends)."""
+    def reset(self) -> None:
+        """Release every block still held and forget every request, in flight or waiting (a
+        parked one holds none), and start afresh: a `generate` call ends, however it ends."""
         for seq in self.running:
             self.blocks.release(seq)
+        self.running.clear()
+        self.waiting.clear()
+        self._start()
 
     # -- the step's plan --------------------------------------------------------------------
 
@@ -401,8 +411,9 @@ class Scheduler:
         return deferred
 
     def shrink(self, work: Work) -> bool:
-        """After `work` ran out of memory: halve the step's rows and tokens for the rest of the
-        call. False when it was a single token already (nothing smaller to try)."""
+        """After `work` ran out of memory: halve the step's rows and tokens until `reset` (the
+        rest of the `generate` call). False when it was a single token already (nothing
+        smaller to try)."""
         if len(work) <= 1 and sum(t for _, t in work) <= 1:
             return False
         logger.warning("out of memory in a step of %d sequences; halving", len(work))
