@@ -55,7 +55,7 @@ def main() -> None:
 
     from files.crypto import new_data_key
     from files.models import File
-    from files.services import _read_with_fallback  # file_read_range, less the key unwrap
+    from files.services.reads import _read_with_fallback  # file_read_range, less the key unwrap
     from files.storage import EncryptedSpool, content_store
 
     row = b'{"id":"batch_req_x","custom_id":"task","response":{"status_code":200,"body":"%s"}}\n'

@@ -3,7 +3,7 @@
 `upload_receive` reads the body with files.multipart and feeds the `file` part to the line
 validator and to the encrypting spool, which writes straight into the content store; memory
 stays bounded whatever the upload's size and the plaintext never touches the disk. Storing
-the File row is `files.services.file_create_from_upload`.
+the File row is `files.services.writes.file_create_from_upload`.
 """
 
 from __future__ import annotations

@@ -304,7 +304,7 @@ def test_too_many_lines_is_refused(api: Api, catalog_model):
 
 def test_file_over_256_mib_is_413(api: Api, catalog_model, settings, monkeypatch):
     monkeypatch.setattr("files.upload.MAX_INPUT_BYTES", 4096)
-    monkeypatch.setattr("files.services.MAX_INPUT_BYTES", 4096)
+    monkeypatch.setattr("files.services.writes.MAX_INPUT_BYTES", 4096)
     body = jsonl(*(request_line(f"t{i}") for i in range(100)))
     response = api.upload(body)
     assert response.status_code == 413
@@ -321,7 +321,7 @@ def test_line_over_20_mib_is_refused(api: Api, catalog_model, monkeypatch):
 
 def test_retained_input_over_1_gib_is_429(api: Api, catalog_model, monkeypatch):
     body = jsonl(request_line())
-    monkeypatch.setattr("files.services.MAX_RETAINED_INPUT_BYTES", len(body) * 2)
+    monkeypatch.setattr("files.services.writes.MAX_RETAINED_INPUT_BYTES", len(body) * 2)
     assert api.upload(body).status_code == 200
     assert api.upload(body).status_code == 200
     response = api.upload(body)

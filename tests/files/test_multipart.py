@@ -438,7 +438,7 @@ def test_oversized_upload_is_413_and_keeps_nothing(
 
     # Within the declared allowance, but the file part alone is over: found while streaming.
     monkeypatch.setattr("files.upload.MULTIPART_OVERHEAD", 1024 * 1024)
-    monkeypatch.setattr("files.services.MAX_INPUT_BYTES", 4096)
+    monkeypatch.setattr("files.services.writes.MAX_INPUT_BYTES", 4096)
     streamed = post(api, form(field("purpose", b"batch"), file_part(data)))
     assert streamed.status_code == 413
     assert streamed.json()["error"]["code"] == "file_too_large"

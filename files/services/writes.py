@@ -1,36 +1,32 @@
-"""Writes for files: store an upload, publish a result file, delete, serve ranges."""
+"""Writes for files: store an upload, publish a result file, delete and shred.
+
+Every change to a File row or its stored blobs is here: `file_create_from_upload` (an input
+file, after files.upload streamed and validated it), `file_publish_result` (a batch's output
+or error file, idempotent, with its recovery copy), `file_delete` (the API's delete) and
+`file_shred` (the data key first, then every copy: docs/ARCHITECTURE.md decision 6), used by
+delete, finalization and the retention sweeps, whose leftovers `file_delete_leftover_blobs`
+retries.
+"""
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Iterable
 
-import orjson
-from botocore.exceptions import BotoCoreError, ClientError
 from django.db import transaction
-from django.db.models import QuerySet
 
 from boardwalk import clock
 from boardwalk.codes import ErrorCode
-from boardwalk.errors import (
-    CapacityExceeded,
-    Conflict,
-    InvalidRequest,
-    PayloadTooLarge,
-    ServiceUnavailable,
-)
+from boardwalk.errors import CapacityExceeded, Conflict, InvalidRequest, PayloadTooLarge
 from boardwalk.logs import exception_trace
 from boardwalk.models import Organization
-from files.crypto import Keyring, TamperedContent, UnknownMasterKey, new_data_key
+from files.crypto import Keyring, new_data_key
 from files.limits import MAX_INPUT_BYTES, MAX_RETAINED_INPUT_BYTES, RESULT_TTL, UNUSED_INPUT_TTL
 from files.models import File
 from files.selectors import retained_input_bytes
-from files.storage import EncryptedSpool, content_store, open_plaintext_range
+from files.storage import EncryptedSpool, content_store
 from files.upload import ReceivedUpload
-from files.validation.sectioned import effective_body
 
 logger = logging.getLogger(__name__)
 
@@ -246,162 +242,3 @@ def _delete_blobs(file: File) -> bool:
         if name:
             store.delete(name)
     return bool(File.objects.filter(pk=file.pk, stored_bytes__gt=0).update(stored_bytes=0))
-
-
-def file_read_range(*, file: File, start: int, end: int) -> Iterator[bytes]:
-    """Plaintext bytes [start, end] (inclusive), decrypting only the chunks they span.
-
-    Every chunk is authenticated before its bytes are yielded. When the primary blob is
-    missing, unreadable or fails authentication, the rest of the range comes from the
-    recovery copy (result files); when no copy can serve it, ServiceUnavailable with code
-    `content_unavailable` (503).
-    """
-    data_key = Keyring.current().unwrap(file.key_id, file.wrapped_key)
-    return _read_with_fallback(file, data_key, start, end)
-
-
-def _read_with_fallback(file: File, data_key: bytes, start: int, end: int) -> Iterator[bytes]:
-    store = content_store()
-    names = [name for name in (file.storage_name, file.recovery_name) if name]
-    position = start  # the first byte not yet yielded
-    for attempt, name in enumerate(names):
-        try:
-            for piece in open_plaintext_range(
-                store,
-                name,
-                data_key=data_key,
-                aad_prefix=file.aad(),
-                plaintext_size=file.bytes,
-                start=position,
-                end=end,
-            ):
-                yield piece
-                position += len(piece)
-            return
-        except (OSError, TamperedContent, BotoCoreError, ClientError) as exc:
-            # Type and frames only: messages of storage errors can carry bucket and key names.
-            copy = "primary" if attempt == 0 else "recovery"
-            logger.error(
-                "file %s: the %s copy is unreadable at byte %s: %s",
-                file.id,
-                copy,
-                position,
-                exception_trace(exc),
-            )
-    raise ServiceUnavailable(
-        f"The content of file {file.id} cannot be read from storage right now.",
-        code=ErrorCode.CONTENT_UNAVAILABLE,
-    )
-
-
-def file_iter_lines(*, file: File, spans: Iterable[tuple[int, int]]) -> Iterator[bytes]:
-    """The plaintext of each (offset, length) span, in one sequential decrypting pass.
-
-    Spans must be in file order; memory holds one line and one decrypted piece at a time.
-    """
-    spans = list(spans)
-    if not spans:
-        return
-    first_offset = spans[0][0]
-    last_offset, last_length = spans[-1]
-    end = last_offset + last_length - 1
-    if end < first_offset:
-        end = first_offset
-    pieces = file_read_range(file=file, start=first_offset, end=min(end, file.bytes - 1))
-    buffer = bytearray()
-    base = first_offset  # file offset of buffer[0]
-    for offset, length in spans:
-        while base + len(buffer) < offset + length:
-            piece = next(pieces, None)
-            if piece is None:
-                break
-            buffer += piece
-        start = offset - base
-        yield bytes(buffer[start : start + length])
-        del buffer[: start + length]
-        base = offset + length
-
-
-ItemSpan = tuple[int, int, int | None, int]  # offset, length, section offset (or None), length
-
-
-def file_iter_bodies(*, file: File, spans: Iterable[ItemSpan]) -> Iterator[dict[str, Any]]:
-    """The effective request body of each item, in one sequential decrypting pass.
-
-    Spans must be in file order. For a sectioned file each span names its section line too; sections
-    are parsed once each and merged into their requests (docs/API.md "BatchRouter sectioned input"),
-    and a section always lies above its requests, so one forward pass reads both.
-    """
-    spans = list(spans)
-    section_of = {offset: s_off for offset, _, s_off, _ in spans}
-    sections = {(s_off, s_len) for _, _, s_off, s_len in spans if s_off is not None}
-    lines = sorted({(offset, length) for offset, length, _, _ in spans} | sections)
-    parsed: dict[int, dict[str, Any]] = {}
-    for (offset, length), data in zip(lines, file_iter_lines(file=file, spans=lines), strict=True):
-        body = orjson.loads(data)["body"]
-        if (offset, length) in sections:
-            parsed[offset] = body
-            continue
-        section_offset = section_of[offset]
-        yield body if section_offset is None else effective_body(parsed[section_offset], body)
-
-
-def line_index_span(row: list[Any]) -> ItemSpan:
-    """The ItemSpan of one File.line_index row (standard rows have no section)."""
-    if len(row) > 5:
-        return row[0], row[1], row[5], row[6]
-    return row[0], row[1], None, 0
-
-
-@dataclass
-class RewrapCounts:
-    rewrapped: int = 0  # wrapped again under the current master key by this call
-    current: int = 0  # already under the current master key
-    unknown_key: int = 0  # wrapped by a master key that is not configured: left as it is
-    damaged: int = 0  # failed authentication under its master key: left as it is
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-REWRAP_PAGE = 500
-
-
-def data_keys_rewrap(
-    *, rows: QuerySet[Any], keyring: Keyring, dry_run: bool = False
-) -> RewrapCounts:
-    """Re-wrap the data keys of `rows` (a model with key_id and wrapped_key) under the
-    keyring's current master key. Content is untouched: the data keys stay the same.
-
-    Each row is a compare-and-set on its old key id with the key still present, so a
-    concurrent delete is never undone and concurrent or repeated runs re-wrap each row once.
-    """
-    counts = RewrapCounts()
-    live = rows.filter(wrapped_key__isnull=False)
-    counts.current = live.filter(key_id=keyring.current_id).count()
-    stale = live.exclude(key_id=keyring.current_id).order_by("pk")
-    last_pk: Any = None
-    while True:
-        page = stale if last_pk is None else stale.filter(pk__gt=last_pk)
-        batch = list(page.only("pk", "key_id", "wrapped_key")[:REWRAP_PAGE])
-        if not batch:
-            return counts
-        last_pk = batch[-1].pk
-        for row in batch:
-            try:
-                data_key = keyring.unwrap(row.key_id, row.wrapped_key)
-            except UnknownMasterKey:
-                counts.unknown_key += 1
-                continue
-            except TamperedContent:
-                counts.damaged += 1
-                continue
-            if dry_run:
-                counts.rewrapped += 1
-                continue
-            key_id, wrapped = keyring.wrap(data_key)
-            counts.rewrapped += (
-                type(row)
-                .objects.filter(pk=row.pk, key_id=row.key_id, wrapped_key__isnull=False)
-                .update(key_id=key_id, wrapped_key=wrapped)
-            )
