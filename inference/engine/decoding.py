@@ -6,6 +6,10 @@ the syntax of a reply, though: GPT-OSS writes its channels with `<|channel|>` an
 `TextDecoder` skips every special token but those (`keep`), so that the dialect
 (inference/dialects) can read the reply's structure back from the text. With nothing to keep it
 is exactly `decode(ids, skip_special_tokens=True)`.
+
+Stop strings are cut from that text: `text_before_stop` ends a sequence's text at the first stop
+string its newest token completed, and `held_stop_prefix` says how much of a streamed text's
+tail could still begin one (it is held back until the next tokens tell).
 """
 
 from __future__ import annotations
@@ -37,3 +41,29 @@ def token_ids(tokenizer: Any, names: Collection[str]) -> set[int]:
         return set()
     vocab = tokenizer.get_vocab()
     return {int(vocab[name]) for name in names if name in vocab}
+
+
+def text_before_stop(decoder: TextDecoder, tokens: list[int], stops: tuple[str, ...]) -> str | None:
+    """The text of `tokens` cut before the first stop string, if the last token completed one;
+    None if it completed none."""
+    # A token is at least one byte and a character at most four, so this many tail tokens
+    # hold any stop string that the newest token could have completed.
+    tail = 4 * max(len(s) for s in stops) + 4
+    recent = decoder.decode(tokens[-tail:])
+    if not any(s in recent for s in stops):
+        return None
+    text = decoder.decode(tokens)
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(cuts)] if cuts else None
+
+
+def held_stop_prefix(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that begins one of the stop strings: it may yet
+    be cut, so it is not streamed until the next tokens tell."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held

@@ -28,10 +28,10 @@ The engine core has verbs, as vLLM's and nano-vllm's: `add` a request, `abort` i
 scheduler for the engine's life; `generate` is a loop over them that pulls from a source.
 
 This module is the loop and the results: pulling requests, polling aborts, appending sampled
-tokens, stop strings, busy-time shares. What it drives is in modules of their own: the state
-in flight (sequence.py), admission, each step's plan and preemption (scheduler.py), block
-tables and the prefix cache (blocks.py, the only code touching the pool's reference counts),
-and the model's inputs, forward and logits (runner.py).
+tokens, stop strings (found in the text by decoding.py), busy-time shares. What it drives is in
+modules of their own: the state in flight (sequence.py), admission, each step's plan and
+preemption (scheduler.py), block tables and the prefix cache (blocks.py, the only code touching
+the pool's reference counts), and the model's inputs, forward and logits (runner.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch
 from boardwalk.logs import exception_trace
 
 from .blocks import BlockManager
-from .decoding import TextDecoder, token_ids
+from .decoding import TextDecoder, held_stop_prefix, text_before_stop, token_ids
 from .pacing import BatchPacer
 from .runner import ModelRunner
 from .runs import MAX_RUN_STEPS, DecodeRun
@@ -355,7 +355,7 @@ class Engine:
                 continue
             text = self._decoder.decode(seq.tokens)
             end = len(text.rstrip("\ufffd"))
-            end -= _stop_prefix(text[:end], request.params.stop)
+            end -= held_stop_prefix(text[:end], request.params.stop)
             if end > seq.sent:
                 piece, seq.sent = text[seq.sent : end], end
                 yield PartialResult(request.id, seq.choice, piece)
@@ -544,7 +544,7 @@ class Engine:
         stopped = token in self.eos_token_ids and not params.ignore_eos
         text = None
         if not stopped and params.stop:
-            text = self._stopped_text(seq.tokens, params.stop)
+            text = text_before_stop(self._decoder, seq.tokens, params.stop)
             stopped = text is not None
         if stopped:
             reason = FINISH_STOP
@@ -562,30 +562,6 @@ class Engine:
             logprobs=seq.sampling.logprobs,  # hook (chat surface): recorded by sample()
         )
         return reason
-
-    def _stopped_text(self, tokens: list[int], stops: tuple[str, ...]) -> str | None:
-        """The text cut before the first stop string, if the last token completed one."""
-        # A token is at least one byte and a character at most four, so this many tail tokens
-        # hold any stop string that the newest token could have completed.
-        tail = 4 * max(len(s) for s in stops) + 4
-        recent = self._decoder.decode(tokens[-tail:])
-        if not any(s in recent for s in stops):
-            return None
-        text = self._decoder.decode(tokens)
-        cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
-        return text[: min(cuts)] if cuts else None
-
-
-def _stop_prefix(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of `text` that begins one of the stop strings: it may yet
-    be cut, so it is not streamed until the next tokens tell."""
-    held = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), held, -1):
-            if text.endswith(stop[:k]):
-                held = k
-                break
-    return held
 
 
 def _empty_result(
