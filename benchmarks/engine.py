@@ -66,6 +66,7 @@ import torch  # noqa: E402
 from inference.demo.model import _CORPUS, build_demo_model  # noqa: E402
 from inference.engine import (  # noqa: E402
     Engine,
+    EngineConfig,
     GenerationRequest,
     SamplingParams,
     load_model,
@@ -381,8 +382,15 @@ class ForwardClock:
         self.forwards += 1
 
 
-def load_engine_class(directory: Path) -> Any:
-    """`Engine` from a copy of the engine package elsewhere, imported under its own name."""
+def build_engine(model: Any, tokenizer: Any, **options: Any) -> Engine:
+    """This tree's `Engine`, with `options` for its `EngineConfig`."""
+    return Engine(model, tokenizer, EngineConfig(**options))
+
+
+def load_engine_builder(directory: Path) -> Callable[..., Any]:
+    """What builds an `Engine` from a copy of the engine package elsewhere, imported under its
+    own name, called as `build_engine`: a copy from before config.py takes the options as
+    keyword arguments."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
@@ -392,15 +400,23 @@ def load_engine_class(directory: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.modules["old_engine"] = module
     spec.loader.exec_module(module)
-    return importlib.import_module("old_engine.engine").Engine
+    engine_class = importlib.import_module("old_engine.engine").Engine
+    if not (directory / "config.py").exists():
+        return engine_class
+    config_class = importlib.import_module("old_engine.config").EngineConfig
+
+    def build(model: Any, tokenizer: Any, **options: Any) -> Any:
+        return engine_class(model, tokenizer, config_class(**options))
+
+    return build
 
 
 def host_time(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
     """Host milliseconds per forward outside the model, decoding `rows` rows at once."""
     clock = ForwardClock(model)
-    engines: dict[str, Any] = {"new": Engine}
+    engines: dict[str, Callable[..., Any]] = {"new": build_engine}
     if args.old_engine:
-        engines = {"old": load_engine_class(args.old_engine), **engines}
+        engines = {"old": load_engine_builder(args.old_engine), **engines}
     tokens = 64
     system = long_system(tokenizer) if args.shared_prefix else "You are a helpful assistant."
     for rows in args.host_rows:
@@ -408,8 +424,8 @@ def host_time(model: Any, tokenizer: Any, args: argparse.Namespace) -> None:
         for r in requests:
             r.params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
         built = {
-            name: cls(model, tokenizer, context_length=2048, max_batch_size=rows)
-            for name, cls in engines.items()
+            name: build(model, tokenizer, context_length=2048, max_batch_size=rows)
+            for name, build in engines.items()
         }
         found: dict[str, list[float]] = {name: [] for name in built}
         steady: dict[str, list[float]] = {name: [] for name in built}
@@ -503,9 +519,13 @@ def main() -> None:
         for count in args.requests:
             requests = make_requests(tokenizer, count, args.seed, system=system)
             expected = [hidden.length(len(r.prompt_ids)) for r in requests]
-            cached = Engine(model, tokenizer, context_length=2048, max_batch_size=WIDTH)
+            cached = Engine(
+                model, tokenizer, EngineConfig(context_length=2048, max_batch_size=WIDTH)
+            )
             plain = Engine(
-                model, tokenizer, context_length=2048, max_batch_size=WIDTH, prefix_cache=False
+                model,
+                tokenizer,
+                EngineConfig(context_length=2048, max_batch_size=WIDTH, prefix_cache=False),
             )
 
             def with_cache(engine: Engine = cached, requests: list = requests) -> list[int]:
@@ -535,7 +555,7 @@ def main() -> None:
         expected = [hidden.length(len(r.prompt_ids)) for r in requests]
         sample = requests[:: max(1, len(requests) // args.single_sample)]
         sample_expected = [hidden.length(len(r.prompt_ids)) for r in sample]
-        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=WIDTH)
+        engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=WIDTH))
         prompt_lengths = sorted(len(r.prompt_ids) for r in requests)
         print(
             f"{count} requests, prompt tokens {prompt_lengths[0]}..{prompt_lengths[-1]}, "

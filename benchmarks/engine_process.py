@@ -47,7 +47,7 @@ def main() -> None:
     from platform_vs_engine import _bodies
 
     from inference.chat_completions import prompt_ids, sampling_params
-    from inference.engine import Engine, GenerationRequest
+    from inference.engine import Engine, EngineConfig, GenerationRequest
     from inference.engine.process import EngineProcess
     from inference.models import CatalogModel
     from inference.runtime import _load, _load_options, _load_tokenizer
@@ -57,10 +57,10 @@ def main() -> None:
         call_command("bootstrap_demo", "--json", "--model-size", args.model_size, stdout=quiet)
     revision = CatalogModel.objects.get(name="boardwalk/tiny-chat").revision
     model, tokenizer = _load(revision)
-    options = {"context_length": revision.context_length, "max_batch_size": args.batch_size}
-    here = Engine(model, tokenizer, **options)
+    config = EngineConfig(context_length=revision.context_length, max_batch_size=args.batch_size)
+    here = Engine(model, tokenizer, config)
     child = EngineProcess(
-        load=_load_options(revision), engine_options=options, tokenizer=_load_tokenizer(revision)
+        load=_load_options(revision), config=config, tokenizer=_load_tokenizer(revision)
     )
     requests = [
         GenerationRequest(str(i), prompt_ids(tokenizer, body), sampling_params(body))

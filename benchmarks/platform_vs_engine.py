@@ -141,7 +141,7 @@ def main() -> None:
     from boardwalk.models import Organization
     from boardwalk.services import api_key_create
     from inference.chat_completions import prompt_ids, sampling_params
-    from inference.engine import Engine, GenerationRequest
+    from inference.engine import Engine, EngineConfig, GenerationRequest
     from inference.models import CatalogModel
     from inference.runtime import _load
 
@@ -165,7 +165,9 @@ def main() -> None:
 
     model, tokenizer = _load(revision)
     engine = Engine(
-        model, tokenizer, context_length=revision.context_length, max_batch_size=args.batch_size
+        model,
+        tokenizer,
+        EngineConfig(context_length=revision.context_length, max_batch_size=args.batch_size),
     )
     requests = [
         GenerationRequest(str(i), prompt_ids(tokenizer, b), sampling_params(b))

@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.engine import load_engine_class, make_requests  # noqa: E402
+from benchmarks.engine import build_engine, load_engine_builder, make_requests  # noqa: E402
 from inference.demo.model import build_demo_model  # noqa: E402
-from inference.engine import NOT_READY, Engine, GenerationRequest, load_model  # noqa: E402
+from inference.engine import NOT_READY, GenerationRequest, load_model  # noqa: E402
 from inference.engine.types import PartialResult, SamplingParams  # noqa: E402
 
 ROWS = 32
@@ -201,9 +201,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rows = backlog(tokenizer, args.seed)
-    engines: dict[str, Any] = {"new": Engine}
+    engines: dict[str, Callable[..., Any]] = {"new": build_engine}
     if args.old_engine:
-        engines["old"] = load_engine_class(args.old_engine)
+        engines["old"] = load_engine_builder(args.old_engine)
 
     def build(kind: str) -> Any:
         return engines[kind](model, tokenizer, context_length=2048, max_batch_size=ROWS)

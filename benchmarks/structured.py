@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from inference.chat_completions import prompt_ids, sampling_params  # noqa: E402
 from inference.demo.model import _CORPUS, build_demo_model  # noqa: E402
-from inference.engine import Engine, GenerationRequest, load_model  # noqa: E402
+from inference.engine import Engine, EngineConfig, GenerationRequest, load_model  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -80,7 +80,9 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_model(str(build_demo_model(args.model_dir, size="bench")))
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=args.batch_size)
+    engine = Engine(
+        model, tokenizer, EngineConfig(context_length=2048, max_batch_size=args.batch_size)
+    )
     plain = make_bodies(args.requests, 7, structured=False)
     mixed = make_bodies(args.requests, 7, structured=True)
     run(engine, plain[:4])  # warm up both paths (and build the token table once)

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import transformers as tf  # noqa: E402
 
 from inference.demo.model import build_demo_model  # noqa: E402
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model  # noqa: E402
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model  # noqa: E402
 
 BLOCK = 16
 
@@ -66,10 +66,12 @@ def run(
     engine = Engine(
         model,
         tokenizer,
-        context_length=model.config.max_position_embeddings,
-        max_batch_size=rows,
-        block_size=BLOCK,
-        max_num_blocks=blocks,
+        EngineConfig(
+            context_length=model.config.max_position_embeddings,
+            max_batch_size=rows,
+            block_size=BLOCK,
+            max_num_blocks=blocks,
+        ),
     )
     manager = engine._blocks
     if not slide:

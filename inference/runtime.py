@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from inference.demo.fake_engine import FakeEngine
 from inference.dialects import dialect_named
+from inference.engine.config import EngineConfig
 from inference.engine.engine import Engine
 from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess, EngineProcessError
@@ -106,9 +107,7 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
         engine = _engine_process(revision, tokenizer)
     else:
         model, tokenizer = _load(revision)
-        engine = Engine(
-            model, tokenizer, processor=_processor(revision), **_engine_options(revision)
-        )
+        engine = Engine(model, tokenizer, _engine_config(revision), processor=_processor(revision))
     evicted = []
     with _lock:
         _engines[revision.id] = engine
@@ -123,24 +122,27 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
 def _engine_process(revision: ModelRevision, tokenizer: Any) -> EngineProcess:
     return EngineProcess(
         load=_load_options(revision),
-        engine_options=_engine_options(revision),
+        config=_engine_config(revision),
         tokenizer=tokenizer,
         with_processor=_publishes_media(revision),
         tensor_parallel_size=revision.tensor_parallel_size,
     )
 
 
-def _engine_options(revision: ModelRevision) -> dict[str, Any]:
-    return {
-        "context_length": revision.context_length,
-        "max_batch_size": settings.ENGINE_MAX_BATCH_SIZE,
-        "prefix_cache": settings.ENGINE_PREFIX_CACHE,
-        "interactive_step_seconds": settings.ENGINE_INTERACTIVE_STEP_MS / 1000,
+def _engine_config(revision: ModelRevision) -> EngineConfig:
+    """How the revision's engine runs: the revision's context and dialect, the settings'
+    tuning (BOARDWALK_ENGINE_*, BOARDWALK_INTERACTIVE_STEP_MS)."""
+    dialect = dialect_named(revision.dialect)
+    return EngineConfig(
+        context_length=revision.context_length,
+        max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
+        prefix_cache=settings.ENGINE_PREFIX_CACHE,
+        interactive_step_seconds=settings.ENGINE_INTERACTIVE_STEP_MS / 1000,
         # The dialect's markup stays in the decoded text, and its turn ends stop a reply.
-        "markup_tokens": dialect_named(revision.dialect).markup,
-        "turn_end_tokens": dialect_named(revision.dialect).turn_ends,
-        "cuda_graphs": settings.ENGINE_CUDA_GRAPHS,
-    }
+        markup_tokens=dialect.markup,
+        turn_end_tokens=dialect.turn_ends,
+        cuda_graphs=settings.ENGINE_CUDA_GRAPHS,
+    )
 
 
 def _close(engine: GenerationEngine) -> None:
@@ -191,9 +193,7 @@ def revision_check(revision: ModelRevision, *, tokens: int = 4) -> GenerationRes
             raise ModelLoadError(str(exc)) from exc
     else:
         model, tokenizer = _load(revision)
-        engine = Engine(
-            model, tokenizer, processor=_processor(revision), **_engine_options(revision)
-        )
+        engine = Engine(model, tokenizer, _engine_config(revision), processor=_processor(revision))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Say hello."}], add_generation_prompt=True, tokenize=False
     )

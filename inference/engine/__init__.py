@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from .config import EngineConfig
 from .types import (
     NOT_READY,
     Choice,
@@ -28,6 +29,7 @@ __all__ = [
     "NOT_READY",
     "Choice",
     "Engine",
+    "EngineConfig",
     "GenerationRequest",
     "GenerationResult",
     "MediaInput",

@@ -47,6 +47,7 @@ import torch
 from boardwalk.logs import exception_trace
 
 from .blocks import BlockManager
+from .config import EngineConfig
 from .decoding import TextDecoder, held_stop_prefix, text_before_stop, token_ids
 from .pacing import BatchPacer
 from .runner import ModelRunner
@@ -67,9 +68,6 @@ from .types import (
 
 logger = logging.getLogger(__name__)
 
-# The step time kept while interactive requests are in flight (BOARDWALK_INTERACTIVE_STEP_MS).
-DEFAULT_INTERACTIVE_STEP_SECONDS = 0.075
-
 
 class Engine:
     """Generates for a stream of requests with one model; one `generate` call at a time.
@@ -84,76 +82,64 @@ class Engine:
         self,
         model: Any,
         tokenizer: Any,
+        config: EngineConfig,
         *,
-        context_length: int,
-        max_batch_size: int = 32,
-        eos_token_ids: Collection[int] | None = None,
-        abort_poll_seconds: float = 0.5,
-        max_step_tokens: int | None = None,
-        block_size: int = 16,
-        kv_cache_bytes: int | None = None,
-        max_num_blocks: int | None = None,
-        prefix_cache: bool = True,
         processor: Any = None,
-        interactive_step_seconds: float = DEFAULT_INTERACTIVE_STEP_SECONDS,
         ranks_check: Callable[[], None] | None = None,
-        markup_tokens: Collection[str] = (),
-        turn_end_tokens: Collection[str] = (),
-        cuda_graphs: bool | None = None,
     ) -> None:
-        """`interactive_step_seconds`: the step time kept while interactive requests are in
-        flight, by holding back batch work (pacing.py; 0 turns it off). `ranks_check`: on
-        tensor-parallel ranks, whether every rank is still there (lockstep.ranks_check).
-        `markup_tokens`: special tokens of the revision's dialect, kept in the text
-        (decoding.py); `turn_end_tokens`: the dialect's tokens that end a reply, beside the
-        model's end-of-sequence ids. `cuda_graphs`: capture decoding steps (graphs.py)."""
+        """`config`: how the engine runs (config.py). `processor`: the model's processor,
+        for requests with media (media.py). `ranks_check`: on tensor-parallel ranks, whether
+        every rank is still there (lockstep.ranks_check)."""
+        self.config = config
         self._runner = ModelRunner(
             model,
             tokenizer,
-            context_length=context_length,
-            max_batch_size=max_batch_size,
-            block_size=block_size,
-            kv_cache_bytes=kv_cache_bytes,
-            max_num_blocks=max_num_blocks,
+            context_length=config.context_length,
+            max_batch_size=config.max_batch_size,
+            block_size=config.block_size,
+            kv_cache_bytes=config.kv_cache_bytes,
+            max_num_blocks=config.max_num_blocks,
             processor=processor,
             ranks_check=ranks_check,
-            cuda_graphs=cuda_graphs,
+            cuda_graphs=config.cuda_graphs,
         )
         self.model = model
         self.tokenizer = tokenizer
-        self.context_length = context_length
-        self.max_batch_size = max_batch_size
-        self.abort_poll_seconds = abort_poll_seconds
-        self.prefix_cache = prefix_cache
-        self.block_size = block_size
+        self.context_length = config.context_length
+        self.max_batch_size = config.max_batch_size
+        self.abort_poll_seconds = config.abort_poll_seconds
+        self.prefix_cache = config.prefix_cache
+        self.block_size = config.block_size
         self.kv_cache_bytes = self._runner.kv_cache_bytes
         self.media_modalities = self._runner.media_modalities
+        eos = config.eos_token_ids
         self.eos_token_ids = frozenset(
-            eos_token_ids if eos_token_ids is not None else _model_eos_ids(model, tokenizer)
-        ) | frozenset(token_ids(tokenizer, turn_end_tokens))
-        self._decoder = TextDecoder(tokenizer, markup_tokens)
+            eos if eos is not None else _model_eos_ids(model, tokenizer)
+        ) | frozenset(token_ids(tokenizer, config.turn_end_tokens))
+        self._decoder = TextDecoder(tokenizer, config.markup_tokens)
         self.busy_seconds_total = 0.0  # over the engine's life; the results' shares sum to it
         self._eos_sorted = sorted(self.eos_token_ids)
+        max_step_tokens = config.max_step_tokens
         if max_step_tokens is None:
             max_step_tokens = 2048 if self._runner.device.type == "cuda" else 512
-        self.max_step_tokens = max(max_step_tokens, max_batch_size)
+        self.max_step_tokens = max(max_step_tokens, self.max_batch_size)
         self._blocks = BlockManager(
-            self._runner.pool, prefix_cache=prefix_cache, window=self._runner.window
+            self._runner.pool, prefix_cache=config.prefix_cache, window=self._runner.window
         )
         # Decoding runs (runs.py) need the aborts polled by time, not at every step.
-        self._runs = abort_poll_seconds > 0
+        self._runs = config.abort_poll_seconds > 0
         # Caps batch work beside interactive requests, learned across calls (pacing.py).
         self._pacer = BatchPacer(
-            interactive_step_seconds,
-            max_rows=max_batch_size,
+            config.interactive_step_seconds,
+            max_rows=self.max_batch_size,
             max_tokens=self.max_step_tokens,
-            block_size=block_size,
+            block_size=self.block_size,
         )
         self._scheduler = Scheduler(
             self._blocks,
-            max_batch_size=max_batch_size,
+            max_batch_size=self.max_batch_size,
             max_step_tokens=self.max_step_tokens,
-            context_length=context_length,
+            context_length=self.context_length,
             vocab_size=self._runner.vocab_size,
             media_modalities=self.media_modalities,
             new_sequence=self._sequence,

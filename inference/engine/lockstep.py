@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .config import EngineConfig
 from .types import NOT_READY, GenerationRequest, GenerationResult
 
 # The model's collectives: loading a large checkpoint over N ranks can take long.
@@ -136,11 +137,11 @@ def init_ranks(setup: RankSetup) -> tuple[Channel, str]:
     return Channel(group, setup.rank), "cuda" if cuda else "cpu"
 
 
-def lockstep_options(engine_options: dict[str, Any]) -> dict[str, Any]:
-    """The engine's options on every rank: aborts polled at each step, not each 0.5 s, and
+def lockstep_config(config: EngineConfig) -> EngineConfig:
+    """The engine's config on every rank: aborts polled at each step, not each 0.5 s, and
     batch not paced beside interactive requests (pacing.py follows each step's wall-clock
     time, which differs between ranks: their plans would part)."""
-    return {**engine_options, "abort_poll_seconds": 0.0, "interactive_step_seconds": 0.0}
+    return dataclasses.replace(config, abort_poll_seconds=0.0, interactive_step_seconds=0.0)
 
 
 def ranks_check(channel: Channel) -> Callable[[], None]:
@@ -161,10 +162,10 @@ def ranks_check(channel: Channel) -> Callable[[], None]:
 
 
 def agree_on_pool(
-    build: Callable[[dict[str, Any]], Any], options: dict[str, Any], channel: Channel
+    build: Callable[[EngineConfig], Any], config: EngineConfig, channel: Channel
 ) -> Any:
     """An engine built on every rank with the same K/V pool (the smallest any rank sized)."""
-    engine = build(options)
+    engine = build(config)
     sizes = channel.gather(engine.kv_cache_bytes)
     if len(set(sizes)) == 1:
         return engine
@@ -176,7 +177,7 @@ def agree_on_pool(
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return build({**options, "kv_cache_bytes": min(sizes)})
+    return build(dataclasses.replace(config, kv_cache_bytes=min(sizes)))
 
 
 # -- the leader's side ------------------------------------------------------------------------

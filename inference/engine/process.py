@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
+from .config import EngineConfig
 from .lockstep import RankSetup
 from .process_child import child_main, follower_main
 from .types import GenerationRequest, GenerationResult, PartialResult
@@ -74,14 +75,14 @@ class EngineProcess:
         self,
         *,
         load: dict[str, Any],
-        engine_options: dict[str, Any],
+        config: EngineConfig,
         tokenizer: Any,
         with_processor: bool = False,
         credit: int | None = None,
         tensor_parallel_size: int = 1,
     ) -> None:
-        """`load`: keyword arguments of `load_model`; `engine_options`: of `Engine` (besides
-        the model, tokenizer and processor); `tokenizer`: the parent's own copy of the
+        """`load`: keyword arguments of `load_model`; `config`: the engine's (config.py),
+        sent to the child as it is; `tokenizer`: the parent's own copy of the
         revision's tokenizer (prepare renders and tokenizes prompts with it);
         `tensor_parallel_size`: the ranks the engine runs across (`load["device"]` is the
         first one's)."""
@@ -100,7 +101,7 @@ class EngineProcess:
             ]
         self._process = context.Process(
             target=child_main,
-            args=(inbox, outbox, load, engine_options, with_processor, setups[0]),
+            args=(inbox, outbox, load, config, with_processor, setups[0]),
             name="boardwalk-engine",
             daemon=True,
         )
@@ -110,7 +111,7 @@ class EngineProcess:
             report, their_end = context.Pipe(duplex=False)
             follower = context.Process(
                 target=follower_main,
-                args=(their_end, load, engine_options, with_processor, setup),
+                args=(their_end, load, config, with_processor, setup),
                 name=f"boardwalk-engine-rank{setup.rank if setup else 0}",
                 daemon=True,
             )

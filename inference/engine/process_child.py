@@ -19,13 +19,14 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
+from .config import EngineConfig
 from .lockstep import RankSetup
 from .types import NOT_READY, GenerationRequest, PartialResult
 
 
 def _build_engine(
     load: dict[str, Any],
-    engine_options: dict[str, Any],
+    config: EngineConfig,
     with_processor: bool,
     setup: RankSetup | None,
 ) -> tuple[Any, Any]:
@@ -35,29 +36,31 @@ def _build_engine(
     from .loading import load_model, load_processor
 
     channel = None
+    check = None
     if setup is not None:
-        from .lockstep import agree_on_pool, init_ranks, lockstep_options, ranks_check
+        from .lockstep import agree_on_pool, init_ranks, lockstep_config, ranks_check
 
         channel, device = init_ranks(setup)
         load = {**load, "device": device, "tensor_parallel_size": setup.size}
-        engine_options = {**lockstep_options(engine_options), "ranks_check": ranks_check(channel)}
+        config = lockstep_config(config)
+        check = ranks_check(channel)
     model, tokenizer = load_model(**load)
     processor = (
         load_processor(load["weights"], revision=load.get("revision")) if with_processor else None
     )
 
-    def build(options: dict[str, Any]) -> Any:
-        return Engine(model, tokenizer, processor=processor, **options)
+    def build(engine_config: EngineConfig) -> Any:
+        return Engine(model, tokenizer, engine_config, processor=processor, ranks_check=check)
 
     if channel is None:
-        return build(engine_options), None
-    return agree_on_pool(build, engine_options, channel), channel
+        return build(config), None
+    return agree_on_pool(build, config, channel), channel
 
 
 def follower_main(
     report: Any,
     load: dict[str, Any],
-    engine_options: dict[str, Any],
+    config: EngineConfig,
     with_processor: bool,
     setup: RankSetup,
 ) -> None:
@@ -67,7 +70,7 @@ def follower_main(
     rank_environment(setup)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        engine, channel = _build_engine(load, engine_options, with_processor, setup)
+        engine, channel = _build_engine(load, config, with_processor, setup)
         follow(engine, channel)
     except (Exception, LockstepBroken) as exc:
         with contextlib.suppress(OSError):
@@ -79,7 +82,7 @@ def child_main(
     inbox: Any,
     outbox: Any,
     load: dict[str, Any],
-    engine_options: dict[str, Any],
+    config: EngineConfig,
     with_processor: bool,
     setup: RankSetup | None = None,
 ) -> None:
@@ -89,7 +92,7 @@ def child_main(
         rank_environment(setup)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        engine, channel = _build_engine(load, engine_options, with_processor, setup)
+        engine, channel = _build_engine(load, config, with_processor, setup)
     except Exception as exc:
         outbox.send(("failed", f"{type(exc).__name__}: {exc}"))
         return

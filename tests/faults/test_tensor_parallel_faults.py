@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine import GenerationRequest, SamplingParams, load_model
+from inference.engine import EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine.process import EngineProcess
 
 pytestmark = pytest.mark.model
@@ -24,7 +24,7 @@ def test_a_follower_killed_mid_run_fails_no_request(tiny_model_dir: Path) -> Non
     tokenizer = load_model(str(tiny_model_dir), device="cpu")[1]
     engine = EngineProcess(
         load={"weights": str(tiny_model_dir), "device": "cpu"},
-        engine_options={"context_length": 1024, "max_batch_size": 8},
+        config=EngineConfig(context_length=1024, max_batch_size=8),
         tokenizer=tokenizer,
         tensor_parallel_size=2,
     )

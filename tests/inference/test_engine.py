@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from inference.engine import (
     NOT_READY,
     Engine,
+    EngineConfig,
     GenerationRequest,
     GenerationResult,
     ModelLoadError,
@@ -108,7 +109,7 @@ def test_render_prompt_matches_the_tokenizer_and_keeps_text_parts_only(tokenizer
 
 def test_greedy_equals_model_generate_for_a_single_request(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Tell me about the weather in the mountains.")
-    engine = Engine(model, tokenizer, context_length=2048)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048))
 
     result = run(engine, [GenerationRequest("a", ids, greedy(24))])["a"]
 
@@ -133,7 +134,7 @@ def test_greedy_in_a_mixed_batch_equals_unbatched_generation(model, tokenizer) -
     ]
     budgets = [40, 5, 3, 12, 17, 120]
     prompts = [prompt(tokenizer, t) for t in texts]
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3))
 
     results = run(
         engine,
@@ -171,7 +172,7 @@ def test_both_decoding_layouts_equal_unbatched_generation(
         prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM),
         prompt(tokenizer, "A longer question, " * 9),
     ]
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
 
     results = run(engine, [GenerationRequest(str(i), p, greedy(14)) for i, p in enumerate(prompts)])
 
@@ -208,7 +209,7 @@ def test_eager_attention_gets_an_additive_mask_and_the_same_tokens(
         tiny_model_dir, local_files_only=True, attn_implementation="eager"
     ).eval()
     prompts = [prompt(tokenizer, "Hi."), prompt(tokenizer, "A longer question, " * 5)]
-    engine = Engine(eager, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(eager, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
 
     results = run(engine, [GenerationRequest(str(i), p, greedy(12)) for i, p in enumerate(prompts)])
 
@@ -223,7 +224,7 @@ def test_shared_prefix_is_reused_and_reported_as_cached(model, tokenizer) -> Non
     shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
     assert shared >= 32
     # Two rows: "second" joins while "first" is still running and reads its prefix's blocks.
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
 
     results = run(
         engine,
@@ -248,7 +249,9 @@ def test_a_prefix_shared_by_rows_admitted_together_is_computed_once(model, token
     prompts = [prompt(tokenizer, f"Question number {i}?", system=system) for i in range(12)]
     shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)
     # All twelve rows are admitted in the first step; the budget splits the prefix over steps.
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=12, max_step_tokens=64)
+    engine = Engine(
+        model, tokenizer, EngineConfig(context_length=2048, max_batch_size=12, max_step_tokens=64)
+    )
 
     results = run(engine, [GenerationRequest(str(i), p, greedy(3)) for i, p in enumerate(prompts)])
 
@@ -263,7 +266,7 @@ def test_a_prefix_shared_by_rows_admitted_together_is_computed_once(model, token
 
 def test_prefix_reuse_never_crosses_cache_scopes(model, tokenizer) -> None:
     ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
 
     results = run(
         engine,
@@ -282,7 +285,7 @@ def test_prefix_reuse_never_crosses_cache_scopes(model, tokenizer) -> None:
 
 def test_n_choices_share_one_prefill(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Tell me a story.")
-    engine = Engine(model, tokenizer, context_length=2048)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048))
 
     results = run(
         engine,
@@ -309,7 +312,8 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(model, tokeniz
         max_new_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True
     )
     alone = run(
-        Engine(model, tokenizer, context_length=2048), [GenerationRequest("x", ids, params)]
+        Engine(model, tokenizer, EngineConfig(context_length=2048)),
+        [GenerationRequest("x", ids, params)],
     )
     mates = [
         GenerationRequest(
@@ -318,11 +322,11 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch_mates(model, tokeniz
         for i in range(1, 6)
     ]
     crowded = run(
-        Engine(model, tokenizer, context_length=2048, max_batch_size=4),
+        Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4)),
         [*mates[:3], GenerationRequest("x", ids, params), *mates[3:]],
     )
     other_seed = run(
-        Engine(model, tokenizer, context_length=2048),
+        Engine(model, tokenizer, EngineConfig(context_length=2048)),
         [GenerationRequest("x", ids, replace(params, seed=99))],
     )
 
@@ -335,7 +339,8 @@ def test_tiny_top_p_is_greedy(model, tokenizer) -> None:
     params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1e-6, ignore_eos=True)
 
     result = run(
-        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)]
+        Engine(model, tokenizer, EngineConfig(context_length=2048)),
+        [GenerationRequest("a", ids, params)],
     )
 
     assert result["a"].choices[0].token_ids == reference(model, ids, 12)
@@ -344,7 +349,7 @@ def test_tiny_top_p_is_greedy(model, tokenizer) -> None:
 def test_logit_bias_and_presence_penalty_steer_the_choice(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
     forced = tokenizer.convert_tokens_to_ids("the")
-    engine = Engine(model, tokenizer, context_length=2048)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048))
 
     results = run(
         engine,
@@ -368,7 +373,8 @@ def test_end_of_sequence_stops_with_reason_stop(model, tokenizer) -> None:
     params = SamplingParams(max_new_tokens=10, temperature=0.0, logit_bias={im_end: 100.0})
 
     result = run(
-        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, params)]
+        Engine(model, tokenizer, EngineConfig(context_length=2048)),
+        [GenerationRequest("a", ids, params)],
     )["a"]
 
     assert result.choices[0].token_ids == [im_end]
@@ -381,7 +387,8 @@ def test_max_new_tokens_ends_with_reason_length(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
 
     result = run(
-        Engine(model, tokenizer, context_length=2048), [GenerationRequest("a", ids, greedy(7))]
+        Engine(model, tokenizer, EngineConfig(context_length=2048)),
+        [GenerationRequest("a", ids, greedy(7))],
     )["a"]
 
     assert result.choices[0].finish_reason == "length"
@@ -390,7 +397,7 @@ def test_max_new_tokens_ends_with_reason_length(model, tokenizer) -> None:
 
 def test_stop_string_ends_generation_and_is_trimmed(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Tell me about the weather in the mountains.")
-    engine = Engine(model, tokenizer, context_length=2048)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048))
     full = run(engine, [GenerationRequest("a", ids, greedy(40))])["a"].choices[0]
     # A stop string taken from the middle of the unconstrained output.
     start = next(
@@ -410,7 +417,7 @@ def test_stop_string_ends_generation_and_is_trimmed(model, tokenizer) -> None:
 
 def test_context_length_violation_is_an_immediate_error(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
-    engine = Engine(model, tokenizer, context_length=len(ids) + 5)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=len(ids) + 5))
 
     results = list(
         engine.generate(
@@ -434,7 +441,9 @@ def test_aborted_requests_stop_and_the_others_are_unaffected(model, tokenizer) -
         # "b" is cancelled mid-flight; "d" before it ever started.
         return {"b", "d"} if polls > 3 else {"d"}
 
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3, abort_poll_seconds=0)
+    engine = Engine(
+        model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3, abort_poll_seconds=0)
+    )
     results = run(
         engine,
         [GenerationRequest(name, p, greedy(25)) for name, p in prompts.items()],
@@ -458,7 +467,7 @@ def test_requests_are_pulled_lazily_as_rows_free_up(model, tokenizer) -> None:
             pulled += 1
             yield GenerationRequest(str(i), ids, greedy(3 + i % 4))
 
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
     stream = engine.generate(source())
     first = next(stream)
     pulled_before_first = pulled
@@ -469,7 +478,7 @@ def test_requests_are_pulled_lazily_as_rows_free_up(model, tokenizer) -> None:
 
 
 def test_busy_time_shares_add_up_to_the_engine_busy_time(model, tokenizer) -> None:
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3))
     requests = [
         GenerationRequest(str(i), prompt(tokenizer, "x " * i), greedy(4 + i, n=1 + i % 2))
         for i in range(7)
@@ -484,7 +493,7 @@ def test_busy_time_shares_add_up_to_the_engine_busy_time(model, tokenizer) -> No
 
 
 def test_invalid_requests_are_errors_not_exceptions(model, tokenizer) -> None:
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
 
     results = run(
         engine,
@@ -501,7 +510,7 @@ def test_invalid_requests_are_errors_not_exceptions(model, tokenizer) -> None:
 def test_a_prompt_token_outside_the_vocabulary_is_refused_and_the_rest_run(
     model, tokenizer
 ) -> None:
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
     vocab = model.get_output_embeddings().weight.shape[0]
     prompt = tokenizer("Hello there")["input_ids"]
 
@@ -541,7 +550,7 @@ def test_a_request_whose_forward_raises_fails_alone(model, tokenizer) -> None:
 
     hook = model.get_input_embeddings().register_forward_pre_hook(explode)
     try:
-        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+        engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
         results = run(
             engine,
             [
@@ -584,7 +593,7 @@ def test_a_request_whose_decoding_raises_fails_alone(model, tokenizer) -> None:
                 raise RuntimeError("injected failure")
             return tokenizer.decode(tokens, **options)
 
-    engine = Engine(model, Flaky(), context_length=2048, max_batch_size=3)
+    engine = Engine(model, Flaky(), EngineConfig(context_length=2048, max_batch_size=3))
     results = run(
         engine,
         [
@@ -611,7 +620,7 @@ def test_out_of_memory_shrinks_the_step_and_everything_completes(model, tokenize
 
     hook = model.get_input_embeddings().register_forward_pre_hook(too_big)
     try:
-        engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+        engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
         results = run(
             engine, [GenerationRequest(str(i), p, greedy(12)) for i, p in enumerate(prompts)]
         )
@@ -627,7 +636,9 @@ def test_out_of_memory_shrinks_the_step_and_everything_completes(model, tokenize
 def test_a_batch_larger_than_the_kv_memory_completes(model, tokenizer) -> None:
     prompts = [prompt(tokenizer, f"Describe the colour number {i}, please.") for i in range(6)]
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=4, block_size=16, max_num_blocks=14
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=4, block_size=16, max_num_blocks=14),
     )
     budget = 60
     total_blocks = sum(-(-(len(p) + budget) // 16) for p in prompts)
@@ -645,7 +656,9 @@ def test_a_batch_larger_than_the_kv_memory_completes(model, tokenizer) -> None:
 
 def test_a_request_that_could_never_fit_is_refused_not_run(model, tokenizer) -> None:
     ids = prompt(tokenizer, "Hello")
-    engine = Engine(model, tokenizer, context_length=2048, max_num_blocks=4, block_size=16)
+    engine = Engine(
+        model, tokenizer, EngineConfig(context_length=2048, max_num_blocks=4, block_size=16)
+    )
 
     result = run(engine, [GenerationRequest("big", ids, greedy(100))])["big"]
 
@@ -657,7 +670,9 @@ def test_long_prompts_are_prefilled_in_chunks_beside_decoding_rows(model, tokeni
     long = prompt(tokenizer, "A long question about many things, " * 12)
     assert len(long) > 4 * 16
     # A budget of 16 tokens a step: the long prompt takes several steps while "short" decodes.
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2, max_step_tokens=16)
+    engine = Engine(
+        model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2, max_step_tokens=16)
+    )
 
     results = run(
         engine,
@@ -671,8 +686,8 @@ def test_long_prompts_are_prefilled_in_chunks_beside_decoding_rows(model, tokeni
 def test_prefix_cache_outlives_its_request_and_can_be_turned_off(model, tokenizer) -> None:
     ids = prompt(tokenizer, "When do you open?", system=LONG_SYSTEM)
     other = prompt(tokenizer, "Do you sell rye bread?", system=LONG_SYSTEM)
-    cached = Engine(model, tokenizer, context_length=2048)
-    uncached = Engine(model, tokenizer, context_length=2048, prefix_cache=False)
+    cached = Engine(model, tokenizer, EngineConfig(context_length=2048))
+    uncached = Engine(model, tokenizer, EngineConfig(context_length=2048, prefix_cache=False))
 
     for engine in (cached, uncached):
         run(engine, [GenerationRequest("first", ids, greedy(3))])  # a call of its own, ended
@@ -693,7 +708,7 @@ def test_a_source_with_nothing_ready_lets_the_engine_step_what_it_holds(
     from inference.demo.fake_engine import FakeEngine
 
     engine = (
-        Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+        Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
         if kind == "engine"
         else FakeEngine(tokenizer, context_length=2048, max_batch_size=4, step_seconds=0.001)
     )

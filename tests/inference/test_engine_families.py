@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers as tf
 
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 
 pytestmark = pytest.mark.model
 
@@ -212,14 +212,10 @@ def test_each_family_generates_what_model_generate_gives(
     family: Family, tokenizer: Any, setting: str
 ) -> None:
     prompts = _prompts(len(tokenizer))
-    engine = Engine(
-        family.model,
-        tokenizer,
-        context_length=CONTEXT,
-        max_batch_size=4,
-        block_size=4,
-        **SETTINGS[setting],
+    config = EngineConfig(
+        context_length=CONTEXT, max_batch_size=4, block_size=4, **SETTINGS[setting]
     )
+    engine = Engine(family.model, tokenizer, config)
     params = SamplingParams(max_new_tokens=TOKENS, temperature=0.0, ignore_eos=True, logprobs=True)
     requests = [GenerationRequest(str(i), p, params) for i, p in enumerate(prompts)]
 
@@ -242,7 +238,11 @@ def test_each_family_generates_what_model_generate_gives(
 
 def test_each_familys_n_choices_share_one_prefill_and_match(family: Family, tokenizer) -> None:
     prompt = _prompts(len(tokenizer))[1]
-    engine = Engine(family.model, tokenizer, context_length=CONTEXT, max_batch_size=4, block_size=4)
+    engine = Engine(
+        family.model,
+        tokenizer,
+        EngineConfig(context_length=CONTEXT, max_batch_size=4, block_size=4),
+    )
     params = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True, n=3)
 
     [result] = engine.generate([GenerationRequest("n", prompt, params)])
@@ -270,7 +270,7 @@ def test_alibi_is_refused_when_the_engine_is_built_not_row_by_row(tokenizer) -> 
     built = _falcon()
     built.vocab_size, built.alibi = len(tokenizer), True
     with pytest.raises(ValueError, match="Falcon with ALiBi positions"):
-        Engine(tf.FalconForCausalLM(built).eval(), tokenizer, context_length=CONTEXT)
+        Engine(tf.FalconForCausalLM(built).eval(), tokenizer, EngineConfig(context_length=CONTEXT))
 
 
 def _built(name: str, tokenizer: Any) -> Any:
@@ -296,7 +296,9 @@ def test_blocks_are_given_back_early_only_where_every_layer_has_a_window(
 ) -> None:
     """The window comes from what each layer's attention asks for, not from the config (Qwen2
     and Gemma name one but keep full layers that read every key)."""
-    engine = Engine(_built(name, tokenizer), tokenizer, context_length=CONTEXT, block_size=4)
+    engine = Engine(
+        _built(name, tokenizer), tokenizer, EngineConfig(context_length=CONTEXT, block_size=4)
+    )
     assert engine._blocks.window == window
 
 
@@ -315,10 +317,7 @@ def test_blocks_out_of_every_window_go_back_so_more_rows_fit_at_once(tokenizer) 
         engine = Engine(
             model,
             tokenizer,
-            context_length=CONTEXT,
-            max_batch_size=4,
-            block_size=4,
-            max_num_blocks=24,
+            EngineConfig(context_length=CONTEXT, max_batch_size=4, block_size=4, max_num_blocks=24),
         )
         if not sliding:
             engine._blocks.window = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engine import Engine, GenerationRequest, GenerationResult
+from inference.engine import Engine, EngineConfig, GenerationRequest, GenerationResult
 from inference.engine import scheduler as scheduler_module
 from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import greedy, prompt
@@ -41,7 +41,11 @@ def test_fresh_batch_prompts_start_together_and_generate_the_same(loaded, monkey
     requests = _backlog(tokenizer)
 
     def engine() -> Engine:
-        return Engine(model, tokenizer, context_length=2048, max_batch_size=32, prefix_cache=False)
+        return Engine(
+            model,
+            tokenizer,
+            EngineConfig(context_length=2048, max_batch_size=32, prefix_cache=False),
+        )
 
     gathered, steps = _run(engine(), requests)
     monkeypatch.setattr(scheduler_module, "GATHER_STEPS", 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine.graphs import bucket, graphs_wanted
 from inference.rendering import render_prompt
 
@@ -22,13 +22,13 @@ def test_graphs_are_wanted_on_cuda_only_unless_switched_off() -> None:
 
 def test_the_setting_reaches_the_engine(settings) -> None:
     from inference.models import ModelRevision
-    from inference.runtime import _engine_options
+    from inference.runtime import _engine_config
 
     revision = ModelRevision(context_length=64, dialect="hermes")
     settings.ENGINE_CUDA_GRAPHS = False
-    assert _engine_options(revision)["cuda_graphs"] is False
+    assert _engine_config(revision).cuda_graphs is False
     settings.ENGINE_CUDA_GRAPHS = True
-    assert _engine_options(revision)["cuda_graphs"] is True
+    assert _engine_config(revision).cuda_graphs is True
 
 
 def test_buckets_are_powers_of_two_holding_the_size() -> None:
@@ -43,7 +43,7 @@ def test_captured_decoding_equals_unbatched_generation(tiny_model_dir: Path) -> 
         render_prompt(tokenizer, [{"role": "user", "content": f"Question {i} " * (1 + i % 5)}])
         for i in range(11)  # rows fall from 11 to 1 as they end: several buckets replayed
     ]
-    engine = Engine(model, tokenizer, context_length=512, max_batch_size=16)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=512, max_batch_size=16))
     graphs = engine._runner._graphs
     assert graphs is not None
     requests = [

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine import runner as runner_module
 from inference.rendering import render_prompt
 
@@ -80,7 +80,9 @@ def test_steady_decoding_reads_the_device_once_per_forward(
     ]
     # One step's budget holds every prompt: the first forward prefills, the rest decode.
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=ROWS, max_step_tokens=8192
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=ROWS, max_step_tokens=8192),
     )
     try:
         with reads:

@@ -17,6 +17,7 @@ import pytest
 from inference.engine import (
     NOT_READY,
     Engine,
+    EngineConfig,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
@@ -93,7 +94,7 @@ def alone(engine: Engine, request: GenerationRequest) -> list[int]:
 
 def test_an_interactive_request_takes_a_batch_row_at_the_row_limit(loaded) -> None:
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
     batch = [
         GenerationRequest("b1", prompt(tokenizer, "Tell me about rivers."), greedy(24)),
         GenerationRequest("b2", prompt(tokenizer, "Why is the sky blue?"), greedy(24)),
@@ -111,7 +112,7 @@ def test_an_interactive_request_takes_a_batch_row_at_the_row_limit(loaded) -> No
 
 def test_several_interactive_requests_go_ahead_of_a_batch_backlog_token_exact(loaded) -> None:
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3))
     batch = [
         GenerationRequest(
             f"b{i}", prompt(tokenizer, f"Story number {i}, please."), greedy(16, n=1 + i % 2)
@@ -138,7 +139,9 @@ def test_an_interactive_request_takes_memory_from_batch_sequences(loaded) -> Non
     """Rows are free but the blocks are not: batch sequences are parked, not the chat."""
     model, tokenizer = loaded
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=4, block_size=16, max_num_blocks=12
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=4, block_size=16, max_num_blocks=12),
     )
     batch = [
         GenerationRequest(f"b{i}", prompt(tokenizer, f"Long essay {i} " * 4), greedy(40))
@@ -156,7 +159,7 @@ def test_an_interactive_request_takes_memory_from_batch_sequences(loaded) -> Non
 def test_a_batch_only_source_is_pulled_as_before(loaded) -> None:
     """No interactive request: `urgent` never lets the engine pull past its rows."""
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=3)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3))
     pulled = 0
 
     def source() -> Iterator[GenerationRequest]:
@@ -174,7 +177,7 @@ def test_a_batch_only_source_is_pulled_as_before(loaded) -> None:
 
 def test_a_streaming_request_yields_its_text_step_by_step(loaded) -> None:
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
     plain = GenerationRequest("s", prompt(tokenizer, "Say something."), greedy(12, n=2))
     streamed = replace(plain, id="t", stream=True, priority=1)
     items = list(engine.generate([plain, streamed]))
@@ -192,7 +195,7 @@ def test_a_streaming_request_yields_its_text_step_by_step(loaded) -> None:
 
 def test_streamed_text_never_shows_a_stop_string(loaded) -> None:
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
     ids = prompt(tokenizer, "Say something.")
     free = next(
         r
@@ -216,7 +219,7 @@ def test_streamed_text_never_shows_a_stop_string(loaded) -> None:
 
 def test_an_aborted_stream_frees_its_row_within_one_step(loaded) -> None:
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=1)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=1))
     chat = GenerationRequest(
         "i", prompt(tokenizer, "Talk for a long time."), greedy(200), stream=True, priority=1
     )
@@ -243,7 +246,7 @@ def test_the_busy_shares_of_mixed_steps_add_up_to_their_busy_time(loaded) -> Non
     is parked and computed again: every step's time is shared out among the sequences in
     it, whatever their class, and nothing else is charged."""
     model, tokenizer = loaded
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
     batch = [
         GenerationRequest(f"b{i}", prompt(tokenizer, f"Batch {i}"), greedy(10, n=1 + i % 2))
         for i in range(3)
@@ -282,9 +285,9 @@ def test_an_interactive_request_passes_the_batch_in_the_pipe_and_streams(
             else:
                 time.sleep(0.01)
 
-    options = {"context_length": 2048, "max_batch_size": 2}
+    config = EngineConfig(context_length=2048, max_batch_size=2)
     engine = EngineProcess(
-        load={"weights": str(tiny_model_dir)}, engine_options=options, tokenizer=tokenizer
+        load={"weights": str(tiny_model_dir)}, config=config, tokenizer=tokenizer
     )
     try:
         order: list[str] = []
@@ -308,5 +311,5 @@ def test_an_interactive_request_passes_the_batch_in_the_pipe_and_streams(
     mine = [p for p in partials if p.id == "i"]
     assert mine and {p.id for p in partials} == {"b0", "i"}
     assert results["i"].choices[0].text.startswith("".join(p.text for p in mine))
-    here = Engine(model, tokenizer, context_length=2048, max_batch_size=2)
+    here = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=2))
     assert results["i"].choices[0].token_ids == alone(here, chat)

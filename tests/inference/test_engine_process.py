@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine.process import EngineProcess, EngineProcessError
 from inference.engine.types import ConstraintSpec
 from inference.rendering import render_prompt
 
 pytestmark = pytest.mark.model
 
-OPTIONS = {"context_length": 2048, "max_batch_size": 4}
+CONFIG = EngineConfig(context_length=2048, max_batch_size=4)
 
 
 def greedy(tokens: int) -> SamplingParams:
@@ -34,7 +34,7 @@ def loaded(tiny_model_dir: Path):
 @pytest.fixture(scope="module")
 def process(tiny_model_dir: Path, loaded):
     engine = EngineProcess(
-        load={"weights": str(tiny_model_dir)}, engine_options=OPTIONS, tokenizer=loaded[1]
+        load={"weights": str(tiny_model_dir)}, config=CONFIG, tokenizer=loaded[1]
     )
     yield engine
     engine.close()
@@ -55,7 +55,7 @@ def requests(tokenizer, count: int, tokens: int = 12) -> list[GenerationRequest]
 def test_results_equal_the_engine_in_this_process(process, loaded) -> None:
     model, tokenizer = loaded
     batch = requests(tokenizer, 9)  # more than the 4 rows: the child pulls as rows free up
-    here = {r.id: r for r in Engine(model, tokenizer, **OPTIONS).generate(batch)}
+    here = {r.id: r for r in Engine(model, tokenizer, CONFIG).generate(batch)}
 
     there = {r.id: r for r in process.generate(iter(batch))}
 
@@ -111,7 +111,7 @@ def test_a_cancel_reaches_a_child_whose_inbox_is_full(tiny_model_dir: Path, load
     _, tokenizer = loaded
     engine = EngineProcess(
         load={"weights": str(tiny_model_dir)},
-        engine_options=OPTIONS,
+        config=CONFIG,
         tokenizer=tokenizer,
         credit=64,
     )
@@ -141,7 +141,7 @@ def test_a_cancel_reaches_a_child_whose_inbox_is_full(tiny_model_dir: Path, load
 def test_the_child_dying_mid_run_ends_the_run_as_broken(tiny_model_dir: Path, loaded) -> None:
     _, tokenizer = loaded
     engine = EngineProcess(
-        load={"weights": str(tiny_model_dir)}, engine_options=OPTIONS, tokenizer=tokenizer
+        load={"weights": str(tiny_model_dir)}, config=CONFIG, tokenizer=tokenizer
     )
     pid = engine.pid
     assert pid is not None
@@ -167,7 +167,7 @@ def test_weights_that_cannot_load_fail_the_start_with_the_loader_message(
 ) -> None:
     with pytest.raises(EngineProcessError, match="ModelLoadError"):
         EngineProcess(
-            load={"weights": str(tmp_path / "missing")}, engine_options=OPTIONS, tokenizer=loaded[1]
+            load={"weights": str(tmp_path / "missing")}, config=CONFIG, tokenizer=loaded[1]
         )
 
 
@@ -175,10 +175,8 @@ def test_an_orphaned_engine_process_drops_its_work_and_exits(tiny_model_dir: Pat
     """The worker dies mid-run (its end of the pipe closes): the child aborts what it holds
     instead of computing results for nobody on a device the next worker needs."""
     _, tokenizer = loaded
-    long = {**OPTIONS, "context_length": 16_384}
-    engine = EngineProcess(
-        load={"weights": str(tiny_model_dir)}, engine_options=long, tokenizer=tokenizer
-    )
+    long = replace(CONFIG, context_length=16_384)
+    engine = EngineProcess(load={"weights": str(tiny_model_dir)}, config=long, tokenizer=tokenizer)
     closed = threading.Event()
 
     def source():

@@ -12,6 +12,7 @@ import torch
 
 from inference.engine import (
     Engine,
+    EngineConfig,
     GenerationRequest,
     SamplingParams,
 )
@@ -87,10 +88,12 @@ def test_runs_give_the_tokens_of_single_steps_and_end_where_a_row_ends(
         return Engine(
             model,
             tokenizer,
-            context_length=2048,
-            max_batch_size=4,
-            eos_token_ids=eos,
-            max_num_blocks=max_num_blocks,
+            EngineConfig(
+                context_length=2048,
+                max_batch_size=4,
+                eos_token_ids=eos,
+                max_num_blocks=max_num_blocks,
+            ),
         )
 
     # A token the model often generates ends rows (as if it were end-of-sequence), so that
@@ -127,7 +130,7 @@ def test_an_urgent_request_is_pulled_within_a_step_of_a_run(loaded, padded, monk
         pulled_at.append(forwards[0])
         yield GenerationRequest("chat", ids, SamplingParams(max_new_tokens=4), priority=1)
 
-    engine = Engine(model, tokenizer, context_length=2048, max_batch_size=4)
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
     try:
         with torch.inference_mode():
             pulled = engine.generate(source(), urgent=lambda: forwards[0] >= arrival)
@@ -194,7 +197,9 @@ def test_a_run_stops_when_the_abort_poll_is_due(loaded, padded, monkeypatch) -> 
     seen_at: dict[str, int] = {}
     # A poll due after any work at all: every run ends after its first step.
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=4, abort_poll_seconds=1e-9
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=4, abort_poll_seconds=1e-9),
     )
     try:
         with torch.inference_mode():

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from inference.engine import Engine, GenerationRequest, GenerationResult, SamplingParams
+from inference.engine import (
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
 from inference.engine.types import ERROR_CONTEXT_LENGTH, PartialResult
 from inference.rendering import render_prompt
 
@@ -26,7 +32,7 @@ def greedy(max_new_tokens: int) -> SamplingParams:
 
 def engine_of(loaded: Any, **options: Any) -> Engine:
     model, tokenizer = loaded
-    return Engine(model, tokenizer, context_length=512, **options)
+    return Engine(model, tokenizer, EngineConfig(context_length=512, **options))
 
 
 def stepped(engine: Engine) -> dict[str, GenerationResult]:

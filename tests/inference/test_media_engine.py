@@ -19,6 +19,7 @@ from boardwalk.errors import InvalidRequest
 from inference.chat_completions import media_prompt, prompt_ids
 from inference.demo.model import demo_revision_fields
 from inference.demo.multimodal import vision_revision_fields
+from inference.engine.config import EngineConfig
 from inference.engine.engine import Engine
 from inference.engine.loading import load_model, load_processor
 from inference.engine.types import GenerationRequest, MediaInput, SamplingParams
@@ -86,9 +87,7 @@ def test_media_rows_generate_what_transformers_generates(
     engine = Engine(
         model,
         processor.tokenizer,
-        context_length=2048,
-        max_batch_size=4,
-        max_step_tokens=step_tokens,
+        EngineConfig(context_length=2048, max_batch_size=4, max_step_tokens=step_tokens),
         processor=processor,
     )
     results = {r.id: r for r in engine.generate(requests)}
@@ -101,7 +100,9 @@ def test_the_prefix_cache_tells_images_apart(vision_model_dir: Path):
     model, processor = _loaded(vision_model_dir)
     first, second, _ = _images()
     (request, other, _), _ = _requests(vision_model_dir, processor, [first, second, first])
-    engine = Engine(model, processor.tokenizer, context_length=2048, processor=processor)
+    engine = Engine(
+        model, processor.tokenizer, EngineConfig(context_length=2048), processor=processor
+    )
     assert next(iter(engine.generate([request]))).cached_tokens == 0
     # Same tokens, another image: nothing after the image may come from the cache.
     swapped = GenerationRequest("swapped", request.prompt_ids, request.params, media=other.media)
@@ -115,7 +116,7 @@ def test_the_prefix_cache_tells_images_apart(vision_model_dir: Path):
 def test_a_media_row_without_a_processor_is_refused(vision_model_dir: Path):
     model, processor = _loaded(vision_model_dir)
     (request, *_), _ = _requests(vision_model_dir, processor, _images()[:1])
-    engine = Engine(model, processor.tokenizer, context_length=2048)  # text only
+    engine = Engine(model, processor.tokenizer, EngineConfig(context_length=2048))  # text only
     (result,) = engine.generate([request])
     assert result.error == "invalid_request"
 

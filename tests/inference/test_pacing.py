@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from inference.engine import Engine, GenerationRequest, GenerationResult, load_model, pacing
-from inference.engine.lockstep import lockstep_options
+from inference.engine import (
+    Engine,
+    EngineConfig,
+    GenerationRequest,
+    GenerationResult,
+    load_model,
+    pacing,
+)
+from inference.engine.lockstep import lockstep_config
 from inference.engine.pacing import UNLIMITED, BatchAllowance, BatchPacer
 from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import Arrivals, greedy, prompt
@@ -67,7 +74,7 @@ def test_a_target_of_zero_turns_pacing_off_and_tensor_parallel_ranks_never_pace(
     p.observe(10.0, batch_rows=32, batch_tokens=512)
     assert p.allowance(interactive=4, prefill=False, now=0.0) == UNLIMITED
     # Wall-clock decisions would part the ranks' plans (lockstep.py).
-    assert lockstep_options({"max_batch_size": 8})["interactive_step_seconds"] == 0.0
+    assert lockstep_config(EngineConfig(context_length=64)).interactive_step_seconds == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +100,9 @@ def test_batch_rows_held_back_beside_a_chat_come_out_as_alone(loaded, monkeypatc
     monkeypatch.setattr(pacing, "LINGER_SECONDS", 0.0)
     # A target no step meets: beside the chat every batch row past the floor waits.
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=8, interactive_step_seconds=1e-9
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=8, interactive_step_seconds=1e-9),
     )
     batch = [
         GenerationRequest(f"b{i}", prompt(tokenizer, f"Story number {i}, please."), greedy(40))
@@ -124,7 +133,9 @@ def test_batch_rows_held_back_beside_a_chat_come_out_as_alone(loaded, monkeypatc
 def test_without_pacing_batch_keeps_every_row_beside_a_chat(loaded) -> None:
     model, tokenizer = loaded
     engine = Engine(
-        model, tokenizer, context_length=2048, max_batch_size=8, interactive_step_seconds=0.0
+        model,
+        tokenizer,
+        EngineConfig(context_length=2048, max_batch_size=8, interactive_step_seconds=0.0),
     )
     batch = [
         GenerationRequest(f"b{i}", prompt(tokenizer, f"Story number {i}, please."), greedy(40))

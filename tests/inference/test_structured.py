@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from inference.chat_completions import completion_body, prompt_ids, sampling_params
-from inference.engine import Engine, GenerationRequest, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, load_model
 from inference.engine.sampling import row_sampling, sample
 from inference.engine.types import ERROR_INTERNAL, ConstraintSpec
 
@@ -99,7 +99,7 @@ LOOKUP = {
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir: Path) -> Engine:
     model, tokenizer = load_model(str(tiny_model_dir))
-    return Engine(model, tokenizer, context_length=2048, max_batch_size=16)
+    return Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=16))
 
 
 def body(**fields: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from inference import runtime
-from inference.engine import Engine, GenerationRequest, SamplingParams, load_model
+from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine.families import TEXT_FAMILIES
 from inference.engine.lockstep import Channel, LockstepBroken, followed_aborted, followed_source
 from inference.engine.parallel import (
@@ -31,7 +31,7 @@ from tests.batches import conftest as batch_fixtures
 from tests.batches.conftest import submit
 from tests.conftest import Api, content_of, parse_jsonl, request_line
 
-OPTIONS = {"context_length": 512, "max_batch_size": 4}
+CONFIG = EngineConfig(context_length=512, max_batch_size=4)
 in_process_worker = batch_fixtures.in_process_worker  # a worker runtime in this process
 
 
@@ -44,7 +44,7 @@ def loaded(tiny_model_dir: Path):
 def two_ranks(tiny_model_dir: Path, loaded):
     engine = EngineProcess(
         load={"weights": str(tiny_model_dir), "device": "cpu"},
-        engine_options=OPTIONS,
+        config=CONFIG,
         tokenizer=loaded[1],
         tensor_parallel_size=2,
     )
@@ -77,7 +77,7 @@ def tokens(results) -> dict[str, list[list[int]]]:
 def test_two_ranks_are_token_exact_against_one(two_ranks, loaded) -> None:
     model, tokenizer = loaded
     requests = batch(tokenizer)
-    one = tokens(Engine(model, tokenizer, **OPTIONS).generate(requests))
+    one = tokens(Engine(model, tokenizer, CONFIG).generate(requests))
 
     two = tokens(two_ranks.generate(iter(requests)))
 
@@ -125,7 +125,7 @@ def test_aborts_and_a_failing_request_keep_the_ranks_in_lockstep(two_ranks, load
 
     assert results["long"].aborted
     assert results["poison"].error == "internal_error"
-    one = tokens(Engine(model, tokenizer, **OPTIONS).generate(requests))
+    one = tokens(Engine(model, tokenizer, CONFIG).generate(requests))
     assert {k: v for k, v in tokens(results.values()).items() if k in one} == one
     # The next run still lines up on both ranks.
     assert tokens(two_ranks.generate(iter(requests))) == one
@@ -137,7 +137,7 @@ def test_ranks_that_cannot_load_say_why(tmp_path: Path, loaded) -> None:
     with pytest.raises(EngineProcessError, match="cannot load"):
         EngineProcess(
             load={"weights": str(tmp_path / "absent"), "device": "cpu"},
-            engine_options=OPTIONS,
+            config=CONFIG,
             tokenizer=loaded[1],
             tensor_parallel_size=2,
         )
