@@ -1,6 +1,6 @@
 """Serving an engine key: what a wake-up does in a worker, and the run behind it.
 
-    wake-up ─► serve_wake ─► serve_key ─► Run (batches.execution.run):
+    wake-up ─► serve_wake ─► serve_key ─► EngineRun (batches.execution.run):
                   │                         claim+prepare → generate → record
                   └─ Finalizer: each batch the run finishes is published in this process
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batches.execution.finalizer import Finalizer
-from batches.execution.run import Run
+from batches.execution.run import EngineRun
 from batches.interactive.feed import interactive_refuse_waiting
 from batches.interactive.messages import requests_waiting
 from batches.lifecycle import batch_fail
@@ -169,7 +169,7 @@ def serve_key(
         layout = media_layout_for(revision)
         if layout is not None and layout.modality not in engine.media_modalities:
             layout = None
-        run = Run(key, engine, budget_seconds, max_items, on_batch_done, on_more_work, layout)
+        run = EngineRun(key, engine, budget_seconds, max_items, on_batch_done, on_more_work, layout)
         with engine_lock(revision.id):
             if threaded:
                 run.threaded()
@@ -177,7 +177,7 @@ def serve_key(
                 run.inline()
         if run.engine_broken:
             engine_drop(revision.id)
-        return run.record.done
+        return run.recorder.done
     finally:
         with _serving_lock:
             _serving.discard(key)

@@ -41,7 +41,7 @@ _contexts: dict[str, int] = {}  # revision id → context length
 
 
 @dataclass
-class Work:
+class Prepared:
     """An item ready for the engine: its lease and its request."""
 
     item: BatchItem
@@ -95,7 +95,7 @@ class _LineReader:
         return line
 
 
-class Prepare:
+class Preparer:
     """Prepares the claimed groups of items of one revision for its engine."""
 
     def __init__(
@@ -108,7 +108,7 @@ class Prepare:
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
         self._sections: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 
-    def prepared(self, claimed: list[BatchItem]) -> Iterator[Work | Unpreparable]:
+    def prepared(self, claimed: list[BatchItem]) -> Iterator[Prepared | Unpreparable]:
         """A claimed group, each item ready for the engine or unpreparable, in file order
         within each batch (the streams read forward only).
 
@@ -152,7 +152,7 @@ class Prepare:
 
     def _prepare(
         self, item: BatchItem, body: dict[str, Any], media: list[DecodedMedia]
-    ) -> Work | Unpreparable:
+    ) -> Prepared | Unpreparable:
         try:
             inputs: list[MediaInput] = []
             # A prompt surely longer than the context is rendered, never tokenized: tokenizing
@@ -188,7 +188,7 @@ class Prepare:
             # Type and frames only: a message could quote the request's content.
             logger.error("item %s could not be prepared: %s", item.pk, exception_trace(exc))
             return Unpreparable(item)
-        return Work(item, request)
+        return Prepared(item, request)
 
     def _over_context(self, item: BatchItem) -> Unpreparable:
         logger.info("item %s: context_length_exceeded (found before tokenizing)", item.pk)

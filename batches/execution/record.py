@@ -44,7 +44,9 @@ class Finished:
     error_code: str = ItemCode.INTERNAL_ERROR
 
 
-class Record:
+class Recorder:
+    """The record stage of one run: writes its finished items' results, in groups."""
+
     def __init__(
         self,
         *,

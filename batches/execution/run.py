@@ -29,8 +29,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from batches.execution.prepare import Prepare, Unpreparable, Work, request_key
-from batches.execution.record import Finished, Record
+from batches.execution.prepare import Prepared, Preparer, Unpreparable, request_key
+from batches.execution.record import Finished, Recorder
 from batches.interactive.feed import InteractiveFeed
 from batches.liveness import worker_id
 from batches.models import Batch, BatchItem
@@ -51,7 +51,7 @@ _UNCLAIMED = object()  # to the claim+prepare stage: claim the next group
 _FLUSH = object()  # to the record stage: write what you gathered without waiting
 
 
-class Run:
+class EngineRun:
     """The stages of one run for `key`, on `engine`, until the claims or the budget end."""
 
     def __init__(
@@ -72,10 +72,10 @@ class Run:
         self.remaining = max_items
         self.group_size = settings.EXECUTION_CLAIM_GROUP
         self._batches: dict[str, Batch] = {}  # this run's claimed items' batches (a cache)
-        self.prepare = Prepare(
+        self.preparer = Preparer(
             revision_id=key.revision_id, tokenizer=engine.tokenizer, media_layout=media_layout
         )
-        self.record = Record(
+        self.recorder = Recorder(
             owner=self.owner, on_batch_done=on_batch_done, tokenizer=engine.tokenizer
         )
         self._held: dict[str, BatchItem] = {}  # request id → item, claimed and not recorded
@@ -110,7 +110,7 @@ class Run:
     def _claim_more(self) -> bool:
         return time.monotonic() < self.stop_at and (self.remaining is None or self.remaining > 0)
 
-    def _next_group(self, room: int | None = None) -> Iterator[Work | Unpreparable] | None:
+    def _next_group(self, room: int | None = None) -> Iterator[Prepared | Unpreparable] | None:
         """Claim a group of at most `room` items and return them as they are prepared; None
         when there is nothing more to claim. The claimed items are held (heartbeat, release)
         at once; a full group asks for one more wake-up (`on_more_work`)."""
@@ -124,7 +124,7 @@ class Run:
         )
         claimed = claim.items
         if claim.ended_batch_ids:
-            self.record.check_batches(claim.ended_batch_ids)
+            self.recorder.check_batches(claim.ended_batch_ids)
         if not claimed:
             return None
         if self.remaining is not None:
@@ -133,7 +133,7 @@ class Run:
             self.on_more_work()
         for item in claimed:
             self._hold(request_key(item), item)
-        return self.prepare.prepared(claimed)
+        return self.preparer.prepared(claimed)
 
     def _refresh_stopping(self) -> None:
         """Which held requests belong to batches that are stopping (cancel, expiry)."""
@@ -157,7 +157,7 @@ class Run:
         return Finished(p.item, None, p.error_code)
 
     def _write(self, group: list[Finished]) -> None:
-        self.record.write(group, still_held=self.held_batches())
+        self.recorder.write(group, still_held=self.held_batches())
 
     # -- the engine loop, with containment --------------------------------------------------
 
@@ -190,7 +190,7 @@ class Run:
             def source() -> Iterator[GenerationRequest]:
                 while (group := self._next_group()) is not None:
                     for p in group:
-                        if isinstance(p, Work):
+                        if isinstance(p, Prepared):
                             yield p.request
                         else:
                             self._write([self._unpreparable(p)])
@@ -207,7 +207,7 @@ class Run:
                     self._write([finished])
         finally:
             heartbeat.stopped.set()
-            self.prepare.close()
+            self.preparer.close()
             self._release_held()
 
     # -- threaded: prepare and record on their own threads -----------------------------------
@@ -220,7 +220,7 @@ class Run:
         self.feed = feed = InteractiveFeed(
             self.key,
             tokenizer=self.engine.tokenizer,
-            context_length=self.prepare._context_length(),
+            context_length=self.preparer._context_length(),
             max_rows=self.engine.max_batch_size,
             engine_rows=lambda: self._in_engine,
             put_first=ahead.put_first,
@@ -233,16 +233,16 @@ class Run:
             logger.warning("claim failed, the prepare stage retries: %s", exception_trace(exc))
             connection.close()
             first = _UNCLAIMED
-        preparer = threading.Thread(
+        prepare_thread = threading.Thread(
             target=self._prepare_loop,
             args=(ahead, results, over, first),
             name="prepare",
             daemon=True,
         )
-        recorder = threading.Thread(
+        record_thread = threading.Thread(
             target=self._record_loop, args=(results,), name="record", daemon=True
         )
-        for thread in (heartbeat, preparer, recorder):
+        for thread in (heartbeat, prepare_thread, record_thread):
             thread.start()
 
         # An engine that does not contain its own failures pulls between its steps, on the
@@ -284,18 +284,18 @@ class Run:
                         results.put(_FLUSH)
         finally:
             over.set()
-            while preparer.is_alive():  # unblock a prepare stage waiting for room
+            while prepare_thread.is_alive():  # unblock a prepare stage waiting for room
                 with contextlib.suppress(queue.Empty):
                     while True:
                         ahead.get_nowait()
-                preparer.join(timeout=0.01)  # (a blocking get here waited out its timeout)
+                prepare_thread.join(timeout=0.01)  # (a blocking get here waited out its timeout)
             with contextlib.suppress(queue.Full):  # and an engine process's feeder
                 ahead.put_nowait(_END)
             results.put(_END)
-            recorder.join()
+            record_thread.join()
             feed.stop()
             heartbeat.stopped.set()
-            self.prepare.close()
+            self.preparer.close()
             self._release_held()
 
     def _prepare_loop(

@@ -1,13 +1,13 @@
 """The durable work queue: batch items in the database, claimed under a lease.
 
-    enqueue ─► claim (lease, heartbeat) ─► record (fenced write, meter) ─► finalization
+    enqueue ─► claim (lease, heartbeat) ─► finish (fenced write, meter) ─► finalization
                   ▲                          │ release
                   └── recover (expired leases, dead workers, stopping batches) ◄┘
 
 - `enqueue.py`: a new batch's items, in one statement run.
 - `claim.py`: a group of items leased fairly between organizations, earliest deadline first,
   attempts bounded; the heartbeat that extends what a run holds.
-- `record.py`: results written under each row's fencing token, leases handed back, a stopped
+- `finish.py`: results written under each row's fencing token, leases handed back, a stopped
   batch's unrun items ended, charges set; `items_meter`, the one place usage is metered.
 - `recover.py`: leases taken back when they expire, their worker died or their batch stops.
 - `queries.py`: what the queue holds (claimable work per engine key, open items, live leases).
@@ -22,15 +22,7 @@ from batches.queue.claim import (
     items_heartbeat,
 )
 from batches.queue.enqueue import items_insert
-from batches.queue.queries import (
-    EngineKey,
-    batch_has_open_items,
-    batch_live_leases,
-    batches_without_open_items,
-    key_has_claimable_items,
-    keys_with_claimable_items,
-)
-from batches.queue.record import (
+from batches.queue.finish import (
     ItemOutcome,
     batch_end_open_items,
     item_finish,
@@ -38,6 +30,14 @@ from batches.queue.record import (
     items_meter,
     items_record,
     items_set_charges,
+)
+from batches.queue.queries import (
+    EngineKey,
+    batch_has_open_items,
+    batch_live_leases,
+    batches_without_open_items,
+    key_has_claimable_items,
+    keys_with_claimable_items,
 )
 from batches.queue.recover import batch_revoke_leases, dead_workers_recover, leases_recover
 

@@ -52,7 +52,7 @@ class BlockManager:
         """Give a new sequence its prompt's block digests, when the prefix cache is on (the
         other choices of a request take them from the first when forked)."""
         if self.prefix_cache and seq.choice == 0:
-            seq.prompt_digests = prompt_digests(seq.owner.request, self.block_size)
+            seq.prompt_digests = prompt_digests(seq.owner.spec, self.block_size)
 
     def needed(self, seq: Sequence, tokens: int) -> int:
         """New blocks `seq` takes to compute its next `tokens` tokens."""
@@ -119,7 +119,7 @@ class BlockManager:
         bs = self.block_size
         if not self.prefix_cache or seq.computed % bs or len(seq.blocks) * bs != seq.computed:
             return
-        scope = seq.owner.request.cache_scope
+        scope = seq.owner.spec.cache_scope
         counts_as_cached = not seq.tokens and seq.choice == 0 and not seq.preempted
         while seq.computed + bs <= seq.length - 1:
             digest = self._digest(seq, seq.computed // bs, scope)
@@ -138,7 +138,7 @@ class BlockManager:
         bs = self.block_size
         if len(seq.digests) >= seq.computed // bs:
             return
-        scope = seq.owner.request.cache_scope
+        scope = seq.owner.spec.cache_scope
         while len(seq.digests) < seq.computed // bs:
             i = len(seq.digests)
             digest = self._digest(seq, i, scope)
@@ -191,7 +191,7 @@ class BlockManager:
             return seq.prompt_digests[index]
         lo, hi = index * self.block_size, (index + 1) * self.block_size
         parent = seq.digests[-1] if seq.digests else b""
-        media = _media_key(seq.owner.request.media, lo, hi)
+        media = _media_key(seq.owner.spec.media, lo, hi)
         return block_digest(parent, scope, seq.span(lo, hi), media)
 
 

@@ -336,7 +336,7 @@ class Engine:
         whole, less a trailing incomplete character and any tail that could begin a stop
         string, so each partial extends the text the result will carry."""
         for seq in advanced:
-            request = seq.owner.request
+            request = seq.owner.spec
             if not request.stream:
                 continue
             text = self._decoder.decode(seq.tokens)
@@ -353,25 +353,25 @@ class Engine:
                 owner.reported = True
                 choices = [owner.choices[i] for i in range(owner.n)]
                 yield GenerationResult(
-                    id=owner.request.id,
+                    id=owner.spec.id,
                     choices=choices,
                     prompt_tokens=len(owner.prompt),
                     completion_tokens=sum(len(c.token_ids) for c in choices),
                     cached_tokens=owner.cached_tokens,
                     busy_seconds=owner.busy,
-                    params=owner.request.params,  # hook (chat surface): echoed for the body
+                    params=owner.spec.params,  # hook (chat surface): echoed for the body
                 )
 
     def _sequence(self, request: Request, choice: int) -> Sequence:
         sampling = row_sampling(
-            request.request.params,
+            request.spec.params,
             choice=choice,
             eos_ids=self._eos_sorted,
             vocab_size=self._runner.vocab_size,
             device=self._runner.device,
             tokenizer=self.tokenizer,  # hook (chat surface): grammar matchers, token bytes
         )
-        params = request.request.params
+        params = request.spec.params
         seq = Sequence(
             owner=request,
             choice=choice,
@@ -379,8 +379,8 @@ class Engine:
             runs_ahead=(
                 sampling.draws_only
                 and not params.stop
-                and not request.request.stream
-                and not request.request.media
+                and not request.spec.stream
+                and not request.spec.media
                 and request.priority <= 0
             ),
         )
@@ -506,7 +506,7 @@ class Engine:
         for seq, token in zip(sequences, tokens, strict=True):
             if token is None or (owners and seq.owner in owners):
                 continue
-            params = seq.owner.request.params
+            params = seq.owner.spec.params
             if (
                 not params.stop
                 and (params.ignore_eos or token not in eos)
@@ -526,7 +526,7 @@ class Engine:
 
     def _append(self, seq: Sequence, token: int) -> str | None:
         seq.tokens.append(token)
-        params = seq.owner.request.params
+        params = seq.owner.spec.params
         stopped = token in self.eos_token_ids and not params.ignore_eos
         text = None
         if not stopped and params.stop:
@@ -554,7 +554,7 @@ def _empty_result(
     request: Request, *, error: str | None = None, aborted: bool = False
 ) -> GenerationResult:
     return GenerationResult(
-        id=request.request.id,
+        id=request.spec.id,
         choices=[],
         prompt_tokens=len(request.prompt),
         completion_tokens=request.generated if aborted else 0,

@@ -225,7 +225,7 @@ class ModelRunner:
         k_pos: torch.Tensor | None = None
         if padded:
             ids = _to([[seq.token_at(seq.computed)] for seq, _ in work], device)
-            if self._media is None or not any(seq.owner.request.media for seq, _ in work):
+            if self._media is None or not any(seq.owner.spec.media for seq, _ in work):
                 return self.decode(ids, table, lengths)
             pad = padded_layout(table, lengths, block_size=bs, windowed=self._windowed)
             read, write, positions, allowed = pad.read, pad.write, pad.positions, pad.allowed
@@ -403,7 +403,7 @@ class ModelRunner:
         offset = 0
         for row, (seq, take) in enumerate(work):
             lo, hi = seq.computed, seq.computed + take
-            for index, media in enumerate(seq.owner.request.media):
+            for index, media in enumerate(seq.owner.spec.media):
                 a, b = max(lo, media.start), min(hi, media.start + media.length)
                 if a >= b:
                     continue

@@ -192,10 +192,10 @@ class Scheduler:
             return []
         owners: list[Request] = []
         for seq in self.running:
-            if seq.owner.request.id in ids and seq.owner not in owners:
+            if seq.owner.spec.id in ids and seq.owner not in owners:
                 owners.append(seq.owner)
         self.drop(owners, counted=True)
-        for request in [r for r in self.waiting if r.request.id in ids]:
+        for request in [r for r in self.waiting if r.spec.id in ids]:
             self.waiting.remove(request)
             request.generated = _generated(request, request.parked)
             owners.append(request)
@@ -312,7 +312,7 @@ class Scheduler:
                 or seq.prompt_length + len(seq.tokens) - seq.computed != 1
             ):
                 return None
-            steps = min(steps, seq.owner.request.params.max_new_tokens - len(seq.tokens))
+            steps = min(steps, seq.owner.spec.params.max_new_tokens - len(seq.tokens))
         if steps < 2:
             return None
         if self._pacer is not None and self._seen_interactive:

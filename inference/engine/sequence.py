@@ -17,7 +17,10 @@ from .types import Choice, GenerationRequest
 
 @dataclass(eq=False)
 class Request:
-    request: GenerationRequest
+    """A request in flight or waiting: what was asked (`spec`) and what the engine holds
+    for it (its choices so far, busy share, parked sequences)."""
+
+    spec: GenerationRequest
     order: int = 0  # admission order in this `generate` call: older requests go first
     choices: dict[int, Choice] = field(default_factory=dict)
     busy: float = 0.0
@@ -32,19 +35,19 @@ class Request:
     generated: int = 0
 
     def __post_init__(self) -> None:
-        self.forked = self.forked or self.request.params.n == 1  # one choice: nothing to fork
+        self.forked = self.forked or self.spec.params.n == 1  # one choice: nothing to fork
 
     @property
     def prompt(self) -> list[int]:
-        return self.request.prompt_ids
+        return self.spec.prompt_ids
 
     @property
     def n(self) -> int:
-        return self.request.params.n
+        return self.spec.params.n
 
     @property
     def priority(self) -> int:
-        return self.request.priority
+        return self.spec.priority
 
 
 @dataclass(eq=False)
@@ -68,7 +71,7 @@ class Sequence:
     prompt_length: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        self.prompt_length = len(self.owner.request.prompt_ids)
+        self.prompt_length = len(self.owner.spec.prompt_ids)
 
     @property
     def length(self) -> int:
@@ -77,7 +80,7 @@ class Sequence:
     def token_at(self, index: int) -> int:
         """Token `index` of prompt + generated."""
         p = self.prompt_length
-        return self.owner.request.prompt_ids[index] if index < p else self.tokens[index - p]
+        return self.owner.spec.prompt_ids[index] if index < p else self.tokens[index - p]
 
     def span(self, lo: int, hi: int) -> list[int]:
         """Tokens [lo, hi) of prompt + generated, without building the whole list."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from batches.execution.record import Finished, Record
+from batches.execution.record import Finished, Recorder
 from batches.interactive import feed as feed_module
 from batches.interactive.feed import InteractiveFeed
 from batches.interactive.service import interactive_accept
@@ -68,7 +68,7 @@ def test_a_rows_reasoning_reaches_its_item_the_batch_the_receipt_and_the_rollup(
         thought.id: _result(thinking, thought.request_id, THOUGHT + ANSWER),
         plain.id: _result(thinking, plain.request_id, ANSWER),  # no reasoning: counts 0
     }
-    Record(owner="w", tokenizer=thinking).write(
+    Recorder(owner="w", tokenizer=thinking).write(
         [Finished(i, results[i.id]) for i in (thought, plain)]
     )
 
@@ -116,7 +116,7 @@ def test_a_failed_row_counts_no_reasoning(api: Api, catalog_model, thinking):
     (item,) = items_claim(key=key, worker_id="w", limit=1)
     failed = _result(thinking, item.request_id, THOUGHT + ANSWER)
     failed.error = "internal_error"
-    Record(owner="w", tokenizer=thinking).write([Finished(item, failed)])
+    Recorder(owner="w", tokenizer=thinking).write([Finished(item, failed)])
     assert BatchItem.objects.get(id=item.id).usage_reasoning_tokens == 0
     assert _reasoning_events(item.id) == []
     assert UsageRollup.objects.get().reasoning_tokens == 0

@@ -27,7 +27,7 @@ Plan = list[tuple[str, int]]
 
 
 def name(seq: Sequence) -> str:
-    rid = seq.owner.request.id
+    rid = seq.owner.spec.id
     return f"{rid}/{seq.choice}" if seq.choice else rid
 
 
@@ -82,7 +82,7 @@ class Bench:
     def _sequence(self, owner: Request, choice: int) -> Sequence:
         """As `Engine._sequence`: its sampling state, its prompt's block digests."""
         sampling = row_sampling(
-            owner.request.params, choice=choice, eos_ids=[], vocab_size=VOCAB, device=CPU
+            owner.spec.params, choice=choice, eos_ids=[], vocab_size=VOCAB, device=CPU
         )
         seq = Sequence(owner=owner, choice=choice, sampling=sampling)
         self.blocks.index_prompt(seq)
@@ -112,7 +112,7 @@ class Bench:
         done = []
         for seq in sampled:
             seq.tokens.append(TOKEN)
-            if len(seq.tokens) >= seq.owner.request.params.max_new_tokens:
+            if len(seq.tokens) >= seq.owner.spec.params.max_new_tokens:
                 done.append(seq)
         self.scheduler.finish(done)
         self.finished.extend(name(s) for s in done)
@@ -123,7 +123,7 @@ class Bench:
         return [name(s) for s in self.scheduler.running]
 
     def waiting(self) -> list[str]:
-        return [r.request.id for r in self.scheduler.waiting]
+        return [r.spec.id for r in self.scheduler.waiting]
 
     def seq(self, label: str) -> Sequence:
         (found,) = [s for s in self.scheduler.running if name(s) == label]
