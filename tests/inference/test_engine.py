@@ -23,6 +23,7 @@ from inference.engine import (
     load_model,
 )
 from inference.rendering import render_prompt
+from tests.inference.requests_of import greedy, prompt
 
 pytestmark = pytest.mark.model
 
@@ -41,17 +42,6 @@ def model(loaded):
 @pytest.fixture(scope="module")
 def tokenizer(loaded):
     return loaded[1]
-
-
-def prompt(tokenizer, text: str, *, system: str | None = None) -> list[int]:
-    messages = [{"role": "system", "content": system}] if system else []
-    return render_prompt(tokenizer, [*messages, {"role": "user", "content": text}])
-
-
-def greedy(max_new_tokens: int, **options) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **options
-    )
 
 
 def reference(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

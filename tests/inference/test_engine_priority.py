@@ -20,23 +20,12 @@ from inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
-    SamplingParams,
 )
 from inference.engine.process import EngineProcess
 from inference.engine.types import PartialResult
-from inference.rendering import render_prompt
+from tests.inference.requests_of import greedy, prompt
 
 pytestmark = pytest.mark.model
-
-
-def prompt(tokenizer: Any, text: str) -> list[int]:
-    return render_prompt(tokenizer, [{"role": "user", "content": text}])
-
-
-def greedy(max_new_tokens: int, **options: Any) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **options
-    )
 
 
 class Arrivals:

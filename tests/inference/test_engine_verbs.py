@@ -14,20 +14,11 @@ from inference.engine import (
     EngineConfig,
     GenerationRequest,
     GenerationResult,
-    SamplingParams,
 )
 from inference.engine.types import ERROR_CONTEXT_LENGTH, PartialResult
-from inference.rendering import render_prompt
+from tests.inference.requests_of import greedy, prompt
 
 pytestmark = pytest.mark.model
-
-
-def prompt(tokenizer: Any, text: str) -> list[int]:
-    return render_prompt(tokenizer, [{"role": "user", "content": text}])
-
-
-def greedy(max_new_tokens: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
 
 
 def engine_of(loaded: Any, **options: Any) -> Engine:
