@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +57,6 @@ class Family:
     tools: bool = True
     effort: str | None = None  # reasoning_effort sent: "none" closes the reasoning
     ends_reasoning: str | None = None  # the token logit_bias favours to end the reasoning
-    # Checks known to fail because of a bug outside this test: check name → the bug.
-    known: dict[str, str] = field(default_factory=dict)
 
 
 FAMILIES = (
@@ -170,7 +168,7 @@ def _add(family: Family, weights: Path) -> dict[str, Any]:
 
 class Checks:
     """Each named check of a family, run to the end: a failure is recorded, not raised, so
-    that one bug does not hide the others, and known bugs are told from new ones."""
+    that one bug does not hide the others."""
 
     def __init__(self) -> None:
         self.failed: dict[str, str] = {}
@@ -426,9 +424,4 @@ def test_family_end_to_end(
                 checks.run(f"streamed {kind} = plain", _same, streamed, plain)
 
     print(f"{family.name}: {time.monotonic() - started:.1f} s")
-    unexpected = {k: v for k, v in checks.failed.items() if k not in family.known}
-    fixed = sorted(set(family.known) - set(checks.failed))
-    assert not unexpected, json.dumps(unexpected, indent=1, ensure_ascii=False)
-    assert not fixed, f"known failures no longer fail (remove them from known): {fixed}"
-    if family.known:
-        pytest.xfail("; ".join(f"{k}: {v}" for k, v in sorted(family.known.items())))
+    assert not checks.failed, json.dumps(checks.failed, indent=1, ensure_ascii=False)
