@@ -12,6 +12,10 @@ A streaming request whose partial text was already yielded is not streamed twice
 alone yields only the text past what was sent, and ends as `internal_error` if its text departs
 from it (sampling drew other tokens), since text a client was streamed cannot be taken back.
 
+The same holds for the engine core's verbs (`add`, `abort`, `step`), which the engine process
+drives: a step that raises makes the requests in flight the suspects, each run alone within
+that step; the requests waiting that never ran are queued again, untouched.
+
 Used where the engine runs: the worker's inline pipeline, and the engine process (so a
 request that kills a step is isolated there, next to the engine, not across the pipe).
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Generator, Iterable, Iterator
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from boardwalk.logs import exception_trace
@@ -43,9 +47,17 @@ class Contained:
 
     contains_failures = True
 
-    def __init__(self, engine: GenerationEngine) -> None:
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        *,
+        alone_aborted: Callable[[], Collection[str]] | None = None,
+    ) -> None:
+        """`alone_aborted`: what the runs alone of `step`'s suspects poll for aborts (the
+        engine process: the aborts waiting in its pipe)."""
         self.engine = engine
         self.broken = False
+        self._alone_aborted = alone_aborted
         self._lock = threading.Lock()
         self._in_engine: dict[str, GenerationRequest] = {}  # pulled, not answered
         self._streamed: dict[str, dict[int, str]] = {}  # partial text yielded, by choice
@@ -69,6 +81,60 @@ class Contained:
         """Whether the engine holds a request it has not answered (pulled, no result yet)."""
         with self._lock:
             return bool(self._in_engine)
+
+    # -- the verbs: an engine core (engine.py) with its failures contained -------------------
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.engine.has_unfinished)  # type: ignore[attr-defined]
+
+    def add(self, request: GenerationRequest) -> None:
+        with self._lock:
+            self._in_engine[request.id] = request
+        self.engine.add(request)  # type: ignore[attr-defined]
+
+    def abort(self, request_ids: Collection[str]) -> None:
+        """Their results (aborted) come out of the next `step`."""
+        self.engine.abort(request_ids)  # type: ignore[attr-defined]
+
+    def step(self, **options: Any) -> list[GenerationResult | PartialResult]:
+        """The engine's `step`; when it raises, the requests it had in flight run alone (see
+        the module doc) and their results are this step's. Sets `broken` as `generate` does."""
+        engine: Any = self.engine
+        try:
+            outputs: list[GenerationResult | PartialResult] = engine.step(**options)
+        except Exception as exc:
+            logger.error("engine step failed, isolating its requests: %s", exception_trace(exc))
+            outputs = self._isolate(engine.reset())
+        else:
+            for output in outputs:
+                self._note(output)
+        return outputs
+
+    def _isolate(
+        self, unstarted: list[GenerationRequest]
+    ) -> list[GenerationResult | PartialResult]:
+        """After a step raised and the engine was reset: the suspects (every request added and
+        not answered, less `unstarted`, which never ran) run alone; `unstarted` is queued
+        again unless the engine is found broken."""
+        waiting = {r.id for r in unstarted}
+        with self._lock:
+            suspects = [r for r in self._in_engine.values() if r.id not in waiting]
+            for request in suspects:
+                del self._in_engine[request.id]
+            streamed = {r.id: self._streamed.pop(r.id, None) for r in suspects}
+        outputs: list[GenerationResult | PartialResult] = []
+        if not suspects:
+            self.broken = True  # it raised with nothing in flight: no request is to blame
+            return outputs
+        outputs.extend(self._alone_each(suspects, streamed, self._alone_aborted))
+        if self.broken:
+            return outputs
+        for request in unstarted:
+            self.engine.add(request)  # type: ignore[attr-defined]
+        return outputs
+
+    # -- the pull loop ------------------------------------------------------------------------
 
     def generate(
         self,
@@ -102,22 +168,33 @@ class Contained:
                     # and calling it again would fail the same way, for ever.
                     self.broken = True
                     return
-                failures = 0
-                for request in suspects:
-                    try:
-                        yield from _alone(self.engine, request, streamed.get(request.id), aborted)
-                    except Exception as alone:
-                        failures += 1
-                        logger.error(
-                            "request %s fails alone, internal_error: %s",
-                            request.id.split(":")[0],
-                            exception_trace(alone),
-                        )
-                        yield failed_result(request)
-                if len(suspects) > 1 and failures == len(suspects):
-                    # Not one request: the engine itself is broken.
-                    self.broken = True
+                yield from self._alone_each(suspects, streamed, aborted)
+                if self.broken:
                     return
+
+    def _alone_each(
+        self,
+        suspects: list[GenerationRequest],
+        streamed: Mapping[str, dict[int, str] | None],
+        aborted: Callable[[], Collection[str]] | None,
+    ) -> Iterator[GenerationResult | PartialResult]:
+        """Each suspect run alone: its outputs, or its internal_error when it raises alone.
+        Sets `broken` when each of several suspects fails alone: not one request, the
+        engine itself is broken."""
+        failures = 0
+        for request in suspects:
+            try:
+                yield from _alone(self.engine, request, streamed.get(request.id), aborted)
+            except Exception as alone:
+                failures += 1
+                logger.error(
+                    "request %s fails alone, internal_error: %s",
+                    request.id.split(":")[0],
+                    exception_trace(alone),
+                )
+                yield failed_result(request)
+        if len(suspects) > 1 and failures == len(suspects):
+            self.broken = True
 
     def _note(self, result: GenerationResult | PartialResult) -> None:
         with self._lock:

@@ -189,6 +189,8 @@ class Engine:
             self._outbox.append(_empty_result(owner, error=ERROR_INTERNAL))
         if scheduler.running:
             self._outbox.extend(self._step_running(plan_ahead, interrupt, run_seconds))
+        if not scheduler.holding:
+            scheduler.rest()  # idle: a step cut by out-of-memory, and pacing, start afresh
         return self._drain()
 
     @property
@@ -215,10 +217,14 @@ class Engine:
         outputs, self._outbox = self._outbox, []
         return outputs
 
-    def _reset(self) -> None:
-        """Drop every request held and every output not taken, releasing their blocks."""
+    def reset(self) -> list[GenerationRequest]:
+        """Drop every request held and every output not taken, releasing their blocks.
+        Returns the requests dropped that were never admitted (nothing of theirs ran), in
+        their queue order: a caller may add them again."""
+        unstarted = [r.spec for r in self._scheduler.waiting if not r.order]
         self._scheduler.reset()
         self._outbox.clear()
+        return unstarted
 
     def _step_running(
         self, plan_ahead: bool, interrupt: Callable[[], bool] | None, run_seconds: float
@@ -273,7 +279,7 @@ class Engine:
         held; the other must not be resumed.
         """
         source = iter(requests)
-        self._reset()
+        self.reset()
         call = self._call = object()
         exhausted = False
         aborted_ids: frozenset[str] = frozenset()
@@ -319,7 +325,7 @@ class Engine:
         finally:
             if self._call is call:  # (not taken over: an abandoned call closes late)
                 self._call = None
-                self._reset()
+                self.reset()
 
     def _account(self, began: float, sequences: list[Sequence]) -> float:
         spent = time.perf_counter() - began

@@ -2,30 +2,32 @@
 
 transformers shards the weights (`DistributedConfig(tp_size=N)`, the family's own plan); each
 forward's collectives then need every rank to run the same forward at the same time. Rather
-than reach into the engine's steps, every rank runs the whole engine on the same inputs: rank 0
-(the leader, the only one the worker talks to) broadcasts, at each point where the engine asks
-the outside world something, what the world answered:
+than reach into the engine's steps, every rank runs the whole engine core on the same verbs:
+rank 0 (the leader, the only one the worker talks to) broadcasts each verb it applies, in
+order, and the followers apply the same:
 
-- each pull of its request source: a request (with the seed the leader chose when it had
-  none, since an unseeded row draws its own random seed), "nothing ready yet", or the end;
-- each poll of the aborted set (the engine polls at every step: `abort_poll_seconds=0`, since
-  its own poll interval is wall-clock time, which differs between ranks). For the same reason
-  batch is not paced beside interactive requests (`interactive_step_seconds=0`, pacing.py);
+- each `add` (with the seed the leader chose when the request had none, since an unseeded
+  row draws its own random seed), each `abort`, and each `step`;
+- each poll of the aborted set by a request's run alone after a step raised (containment.py;
+  the engine polls it at every step: `abort_poll_seconds=0`, since its own poll interval is
+  wall-clock time, which differs between ranks). For the same reason batch is not paced beside
+  interactive requests (`interactive_step_seconds=0`, pacing.py) and steps are never merged
+  into decoding runs (runs.py ends a run on wall-clock time);
 - each forward that raised ("forward failed", `ranks_check`): a rank that died makes the
   others' collectives raise, which is no request's fault; the broadcast cannot reach it, so
   the engine is broken and its requests go back to the worker instead of failing.
 
 Everything else the engine decides (admission, chunking, preemption, the prefix cache, which
-layout a step runs) is a function of those answers and of the pool's size, which the ranks
+layout a step runs) is a function of those verbs and of the pool's size, which the ranks
 agree on at start (`agree_on_pool`: each GPU's free memory differs). The logits after the
 plan's gathers are the same tensor on every rank, so seeded sampling draws the same tokens;
-followers discard their results. Each broadcast carries what it answers ("pull", "aborted"),
-so a follower whose engine asked something else stops (`LockstepBroken`) instead of running
-collectives that do not match; the engine process then counts as broken. An out-of-memory step
-on one rank alone would part them too: the ranks' pools are the same size and their steps'
-activations the same shape, so a step that does not fit fails on every rank alike.
+followers discard their results. Each broadcast names its verb, so a follower whose engine
+asked something else stops (`LockstepBroken`) instead of running collectives that do not
+match; the engine process then counts as broken. An out-of-memory step on one rank alone
+would part them too: the ranks' pools are the same size and their steps' activations the same
+shape, so a step that does not fit fails on every rank alike.
 
-Commands between runs ("run", "clear_prefix_cache", "close") go the same way. The broadcasts
+The commands ("clear_prefix_cache", "close") go the same way. The broadcasts
 run on a gloo group of their own, so they work on the CPU whichever backend the forward uses
 (NCCL on GPUs), and they may wait as long as a worker idles between runs.
 """
@@ -35,13 +37,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from .config import EngineConfig
-from .types import NOT_READY, GenerationRequest, GenerationResult
+from .types import GenerationRequest, GenerationResult
 
 # The model's collectives: loading a large checkpoint over N ranks can take long.
 _MODEL_TIMEOUT = timedelta(hours=2)
@@ -184,23 +186,20 @@ def agree_on_pool(
 
 
 class Leader:
-    """Wraps the leader's request source and aborted poll so each answer reaches the
+    """Broadcasts each verb the leader applies, and each answer of its aborted poll, to the
     followers; restores the params of the requests it seeded on their results."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._unseeded: dict[str, Any] = {}
 
-    def source(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationRequest]:
-        for request in requests:
-            if request is NOT_READY:
-                self._channel.share(("pull", "wait", None))
-                yield NOT_READY
-                continue
-            request = self._seeded(request)
-            self._channel.share(("pull", "request", request))
-            yield request
-        self._channel.share(("pull", "end", None))
+    def command(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Broadcast a verb or command ("add" with its request seeded); returns it as the
+        followers got it, for the leader to apply."""
+        if message[0] == "add":
+            message = ("add", self._seeded(message[1]))
+        self._channel.share(message)
+        return message
 
     def aborted(self, poll: Callable[[], Collection[str]]) -> Callable[[], Collection[str]]:
         def shared() -> Collection[str]:
@@ -233,14 +232,6 @@ def _expect(message: Any, kind: str) -> Any:
     return message
 
 
-def followed_source(channel: Channel) -> Iterator[GenerationRequest]:
-    while True:
-        _, what, request = _expect(channel.share(), "pull")
-        if what == "end":
-            return
-        yield NOT_READY if what == "wait" else request
-
-
 def followed_aborted(channel: Channel) -> Callable[[], Collection[str]]:
     def poll() -> Collection[str]:
         return frozenset(_expect(channel.share(), "aborted")[1])
@@ -249,21 +240,24 @@ def followed_aborted(channel: Channel) -> Callable[[], Collection[str]]:
 
 
 def follow(engine: Any, channel: Channel) -> None:
-    """A follower's life: run what the leader runs until it says "close"."""
+    """A follower's life: apply the verbs the leader applies until it says "close"."""
     from .containment import Contained
 
+    # Contained as on the leader: a request that makes the engine raise does so on every
+    # rank, and every rank isolates it the same way (its runs alone poll the leader's aborts).
+    core = Contained(engine, alone_aborted=followed_aborted(channel))
     while True:
-        command = channel.share()
-        if command[0] == "run":
-            # Contained as on the leader: a request that makes the engine raise does so on
-            # every rank, and every rank isolates it the same way.
-            for _ in Contained(engine).generate(
-                followed_source(channel), aborted=followed_aborted(channel)
-            ):
-                pass
-        elif command[0] == "clear_prefix_cache":
+        message = channel.share()
+        kind = message[0] if isinstance(message, tuple) and message else message
+        if kind == "add":
+            core.add(message[1])
+        elif kind == "abort":
+            core.abort(message[1])
+        elif kind == "step":
+            core.step()
+        elif kind == "clear_prefix_cache":
             engine.clear_prefix_cache()
-        elif command[0] == "close":
+        elif kind == "close":
             return
         else:
-            raise LockstepBroken(f"unknown command {command[0]!r}")
+            raise LockstepBroken(f"the leader sent {kind!r}, which no follower applies")

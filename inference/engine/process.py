@@ -12,20 +12,25 @@ the child (containment.py) and comes back as its `internal_error` result; `broke
 engine as a whole failed, or the child died (killed, out of host memory), and the process is
 unusable.
 
-Protocol, one run at a time. Parent to child: ("run",), then ("request", GenerationRequest)
-and ("abort", ids) in any order, ("end",) when there are no more requests (aborts may still
-follow), and ("over",) once the child said it is done. Child to parent: ("result",
-GenerationResult) for each request (a streaming one's ("partial", PartialResult) before it),
-then ("done", broken). At most `credit` requests are in
-the child without a result, so a short queue of ready requests waits in the pipe (the engine
-never waits on it while the worker keeps up) and the rest wait, claimed, in the worker.
-Interactive requests (priority > 0) go past the credit while the run's `urgent()` says one is
-next, and the child hands them to its engine ahead of the batch requests in its pipe.
+Protocol: the engine core's verbs over the pipes, as vLLM's engine core process takes them.
+Parent to child, at any time: ("add", GenerationRequest), ("abort", ids),
+("clear_prefix_cache",) (only while nothing is held) and ("close",). Child to parent:
+("partial", PartialResult) for a streaming request's new text, ("result", GenerationResult)
+once for every request added, ("ok", None) after clearing the cache, and ("broken", None) when
+the engine as a whole failed (it then takes nothing more). The child is a busy loop: it takes
+every message waiting, steps while it holds anything, and sends the step's outputs.
 
-Threads: the child (process_child.py) has one, the engine's, which reads its inbox between
-steps (`_RunInbox`). So a send to it can wait while a step runs; in the parent one sender
-thread makes every send of a run, and the run's loop, the only reader of results, never waits
-on the pipe.
+The parent has the same verbs (`add`, `abort`, `step`, which returns the outputs that have
+arrived) and `generate`, a loop over them that feeds a source at most `credit` requests ahead
+of their results, so a short queue of ready requests waits in the child's engine (it never
+waits on the pipe while the worker keeps up) and the rest wait, claimed, in the worker.
+Interactive requests (priority > 0) go past the credit while the run's `urgent()` says one is
+next; in the child the engine's scheduler puts them ahead of batch (scheduler.py). A call
+abandoned by its caller aborts what it left in the child, whose results are then dropped.
+
+Threads: the child (process_child.py) has one, the engine's, which reads its pipe between
+steps. So a send to it can wait while a step runs; in the parent one sender thread makes every
+send, and the reader of results never waits on the pipe.
 
 With `tensor_parallel_size` N > 1 the engine runs across N child processes, one per rank
 (lockstep.py): the parent talks to rank 0 alone, as above; the other ranks follow rank 0's
@@ -59,9 +64,7 @@ logger = logging.getLogger(__name__)
 _START_TIMEOUT_SECONDS = 900.0  # loading a large model from a slow disk
 _POLL_SECONDS = 0.5  # how often a run checks the abort set and that the child lives
 _URGENT_POLL_SECONDS = 0.01  # how often a feeder out of credit asks whether one is urgent
-_SENDER_JOIN_SECONDS = 10.0  # a run's last messages reach a live child at once
-_END = ("end",)
-_OVER = ("over",)
+_SENDER_JOIN_SECONDS = 10.0  # the last messages reach a live child at once
 
 
 class EngineProcessError(Exception):
@@ -136,10 +139,65 @@ class EngineProcess:
         self.max_batch_size: int = info["max_batch_size"]
         self.media_modalities = frozenset(info["media_modalities"])
         self.credit = credit or 2 * self.max_batch_size
+        self._lock = threading.Lock()
+        self._unanswered: set[str] = set()  # added, no result yet
+        self._dropped: set[str] = set()  # of those, the ones an abandoned call left
+        # Every send goes through one thread: the child reads its pipe only between steps, so
+        # a send can wait on a full pipe, and the reader of results must never be the one.
+        self._outgoing: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_all, name="engine-send", daemon=True)
+        self._sender.start()
 
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    # -- the verbs ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a request in the child's engine; its result comes out of a later `step`."""
+        with self._lock:
+            self._unanswered.add(request.id)
+        self._outgoing.put(("add", request))
+
+    def abort(self, request_ids: Collection[str]) -> None:
+        """Stop these requests (those not answered yet); their results come back aborted."""
+        with self._lock:
+            ids = sorted(self._unanswered.intersection(request_ids))
+        if ids:
+            self._outgoing.put(("abort", ids))
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether a request added has no result yet."""
+        with self._lock:
+            return bool(self._unanswered)
+
+    def step(self, timeout: float = 0.0) -> list[GenerationResult | PartialResult]:
+        """The outputs the child has sent, waiting up to `timeout` for the first. Raises
+        EngineProcessError when the child died; sets `broken` when its engine broke."""
+        outputs: list[GenerationResult | PartialResult] = []
+        kind, payload = self._receive(timeout, idle_ok=True)
+        while kind != "idle":
+            if kind == "broken":
+                self.broken = True
+                break
+            with self._lock:
+                dropped = payload.id in self._dropped
+                if kind == "result":
+                    self._unanswered.discard(payload.id)
+                    self._dropped.discard(payload.id)
+            if not dropped and kind in ("result", "partial"):
+                outputs.append(payload)
+            try:
+                if not self._from_child.poll(0):
+                    break
+                kind, payload = self._from_child.recv()
+            except (EOFError, OSError, ValueError) as exc:  # the child's end is gone
+                raise EngineProcessError(self._death()) from exc
+        return outputs
+
+    # -- the pull loop -----------------------------------------------------------------------
 
     def generate(
         self,
@@ -155,94 +213,89 @@ class EngineProcess:
         if self.broken:
             raise EngineProcessError("the engine process is broken")
         credit = _Credit(self.credit, urgent)
-        stop = threading.Event()
-        clean = False
-        # Everything this run sends goes through one thread: the child reads its inbox only
-        # between steps, so a send can wait on a full pipe, and the loop below (the only
-        # reader of the child's results) must never be the one waiting.
-        outgoing: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        sender = threading.Thread(
-            target=self._send_all, args=(outgoing,), name="engine-send", daemon=True
-        )
+        feeding = _Feeding()
         feeder = threading.Thread(
-            target=self._feed,
-            args=(requests, credit, stop, outgoing),
-            name="engine-feed",
-            daemon=True,
+            target=self._feed, args=(requests, credit, feeding), name="engine-feed", daemon=True
         )
-        sent_abort: frozenset[str] = frozenset()
+        sent_abort: set[str] = set()
+        clean = False
         try:
-            self._send(("run",))
-            sender.start()
             feeder.start()
             while True:
                 if aborted is not None:
-                    ids = frozenset(aborted())
-                    if ids != sent_abort:
-                        outgoing.put(("abort", sorted(ids)))
-                        sent_abort = ids
-                kind, payload = self._receive(_POLL_SECONDS, idle_ok=True)
-                if kind == "result":
-                    credit.release()
-                    yield payload
-                elif kind == "partial":
-                    yield payload
-                elif kind == "done":
-                    self.broken = bool(payload)
-                    outgoing.put(_OVER)  # after the feeder's end: the child had it to be done
+                    ids = set(aborted()) - sent_abort
+                    if ids:
+                        sent_abort |= ids
+                        self.abort(ids)
+                for output in self.step(_POLL_SECONDS):
+                    if isinstance(output, GenerationResult):
+                        feeding.answered(output.id)
+                        credit.release()
+                    yield output
+                if self.broken:
+                    clean = True
+                    return
+                if feeding.over():
                     clean = True
                     return
         except EngineProcessError as exc:
             logger.error("engine process %s died: %s", self.pid, exc)
+            self.broken = True
+            self.close()
         finally:
-            stop.set()
-            if not clean:  # died, or the caller stopped mid-run: the child's state is unknown
-                self.broken = True
-                self.close()
+            left = feeding.stop()
+            if not clean and not self.broken and left:
+                # The caller stopped mid-run: what it left in the child is aborted there,
+                # and its results (aborted) are dropped when they come.
+                with self._lock:
+                    self._dropped.update(left)
+                self._outgoing.put(("abort", sorted(left)))
             if feeder.is_alive():
                 feeder.join(timeout=_POLL_SECONDS * 2)
-            outgoing.put(None)
-            sender.join(timeout=_SENDER_JOIN_SECONDS)
-            if sender.is_alive():  # stuck sending to a child that reads nothing: unusable
-                self.broken = True
-                self._process.kill()  # (its pipe then fails the stuck send)
-                self.close()
+            if self.broken:
+                with self._lock:
+                    self._unanswered.clear()
 
     def _feed(
-        self,
-        requests: Iterable[GenerationRequest],
-        credit: _Credit,
-        stop: threading.Event,
-        outgoing: queue.SimpleQueue[tuple[Any, ...] | None],
+        self, requests: Iterable[GenerationRequest], credit: _Credit, feeding: _Feeding
     ) -> None:
         try:
             for request in requests:
                 while not credit.acquire(_POLL_SECONDS, interactive=request.priority > 0):
-                    if stop.is_set():
+                    if feeding.stopped:
                         return
-                if stop.is_set():
+                if not feeding.sent(request.id):  # the call ended while this one waited
                     return
-                outgoing.put(("request", request))
+                self.add(request)
         finally:
-            outgoing.put(_END)
+            feeding.exhausted()
 
-    def _send_all(self, outgoing: queue.SimpleQueue[tuple[Any, ...] | None]) -> None:
-        """Send a run's messages in order until None; a dead child ends it (the run's
-        reader finds out on its own)."""
-        while (message := outgoing.get()) is not None:
+    def _send_all(self) -> None:
+        """Send every message in order until None; a dead child ends it (the reader of
+        results finds out on its own)."""
+        while (message := self._outgoing.get()) is not None:
             try:
                 self._send(message)
             except EngineProcessError:
                 return
 
     def clear_prefix_cache(self) -> None:
-        self._send(("clear_prefix_cache",))
-        self._receive(_START_TIMEOUT_SECONDS)
+        self._outgoing.put(("clear_prefix_cache",))
+        while True:  # (nothing is held: no result comes before its answer)
+            kind, _ = self._receive(_START_TIMEOUT_SECONDS)
+            if kind == "ok":
+                return
 
     def close(self) -> None:
         """Stop the child (every rank): asked first, then terminated."""
-        with contextlib.suppress(EngineProcessError):
-            self._send(("close",))
+        sender = getattr(self, "_sender", None)
+        if sender is not None and sender.is_alive():
+            self._outgoing.put(("close",))
+            self._outgoing.put(None)
+            sender.join(timeout=_SENDER_JOIN_SECONDS)
+        else:
+            with contextlib.suppress(EngineProcessError):
+                self._send(("close",))
         for process in [self._process, *(f for f, _ in self._followers)]:
             process.join(timeout=5)
             if process.is_alive():
@@ -293,6 +346,43 @@ class EngineProcess:
                 if idle_ok:
                     return ("idle", None)
                 raise EngineProcessError(f"no answer in {timeout:.0f} s")
+
+
+class _Feeding:
+    """One `generate` call's requests: those sent and not answered, and whether the source
+    is exhausted (the call is over once it is and every request sent was answered)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._out: set[str] = set()
+        self._exhausted = False
+        self.stopped = False
+
+    def sent(self, request_id: str) -> bool:
+        """Note a request about to be sent; False once the call has stopped."""
+        with self._lock:
+            if self.stopped:
+                return False
+            self._out.add(request_id)
+            return True
+
+    def answered(self, request_id: str) -> None:
+        with self._lock:
+            self._out.discard(request_id)
+
+    def exhausted(self) -> None:
+        with self._lock:
+            self._exhausted = True
+
+    def over(self) -> bool:
+        with self._lock:
+            return self._exhausted and not self._out
+
+    def stop(self) -> set[str]:
+        """End the call: nothing more is sent; returns what was sent and not answered."""
+        with self._lock:
+            self.stopped = True
+            return set(self._out)
 
 
 class _Credit:

@@ -2,11 +2,12 @@
 
 process.py is the parent side and describes the protocol both sides speak (its docstring's
 "Protocol" paragraph). Here: `child_main`, rank 0's entry point, which builds the revision's
-engine, says it is ready and then serves the parent's commands; `_child_run`, one run of
-requests over the pipes, read by the engine's own thread between its steps (`_RunInbox`); and
-`follower_main`, the entry point of every other rank of a tensor-parallel engine
-(lockstep.py). The entry points are top-level functions: the process is started with `spawn`,
-which pickles them by module path.
+engine, says it is ready and then serves the parent (`_serve`): a busy loop over the engine
+core's verbs, as vLLM's engine core process is: take every message waiting in the pipe (add,
+abort), step, send the outputs; and `follower_main`, the entry point of every other rank of a
+tensor-parallel engine (lockstep.py), which applies the verbs rank 0 applies. The entry
+points are top-level functions: the process is started with `spawn`, which pickles them by
+module path.
 
 Nothing here imports Django; torch and transformers load when the engine is built.
 """
@@ -16,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .config import EngineConfig
 from .lockstep import RankSetup
-from .types import NOT_READY, GenerationRequest, PartialResult
+from .types import PartialResult
 
 
 def _build_engine(
@@ -105,132 +106,104 @@ def child_main(
             },
         )
     )
-    while True:
-        try:
-            message = inbox.recv()
-        except (EOFError, OSError):
-            message = ("close",)  # the worker is gone
-        if channel is not None and message[0] in ("run", "clear_prefix_cache", "close"):
-            channel.share((message[0],))
-        if message[0] == "run":
-            _child_run(engine, inbox, outbox, channel)
-        elif message[0] == "clear_prefix_cache":
-            engine.clear_prefix_cache()
-            outbox.send(("ok", None))
-        elif message[0] == "close":
-            return
-        # Anything else is the tail of a run that broke (a request or an end the parent's
-        # feeder sent after "over"): ignored.
+    _serve(engine, inbox, outbox, channel)
 
 
-class _RunInbox:
-    """The child's end of one run's messages, read by the engine's own thread between its
-    steps (`drain`), never by a thread of its own: a receiving thread woke for every request
-    and took the interpreter lock from the engine each time, which cost the child ~3-5 % of
-    the engine's speed alone on the tiny model. Requests wait in the pipe until the next
-    step asks for them; the parent's sender thread is the one that waits when it is full."""
+class _Inbox:
+    """The parent's messages, read by the engine's own thread between its steps, never by a
+    thread of its own: a receiving thread woke for every request and took the interpreter lock
+    from the engine each time, which cost the child ~3-5 % of the engine's speed alone on the
+    tiny model. Messages wait in the pipe until the next step is over; the parent's sender
+    thread is the one that waits when it is full."""
 
-    def __init__(self, inbox: Any) -> None:
-        self._inbox = inbox
-        self.pending: deque[GenerationRequest] = deque()
-        self.aborted: frozenset[str] = frozenset()
-        self.received: set[str] = set()
-        self.urgent = 0  # interactive requests in `pending`
-        self.ended = False  # ("end",): no more requests (or the worker is gone)
-        self.over = False  # ("over",): the parent took the run's last message
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+        self.pending: deque[tuple[Any, ...]] = deque()
         self.orphaned = False  # the worker is gone: stop everything, answer nobody
 
-    def drain(self, *, block: bool = False) -> None:
+    def read(self, *, block: bool) -> None:
         """Take every message already there; with `block`, wait for one first."""
         try:
-            if block:
-                self._take(self._inbox.recv())
-            # Whatever follows "over" is the parent's next command, not this run's.
-            while not self.over and self._inbox.poll(0):
-                self._take(self._inbox.recv())
+            if block and not self.pending:
+                self.pending.append(self._pipe.recv())
+            while self._pipe.poll(0):
+                self.pending.append(self._pipe.recv())
         except (EOFError, OSError):
-            self.orphaned = self.ended = True
+            self.orphaned = True
 
-    def next_request(self) -> GenerationRequest:
-        """The first interactive request pending, else the oldest."""
-        if self.urgent:
-            for request in self.pending:
-                if request.priority > 0:
-                    self.pending.remove(request)
-                    self.urgent -= 1
-                    return request
-        return self.pending.popleft()
+    def waiting(self) -> bool:
+        """Whether a message waits (ends a decoding run: a request to add, an abort)."""
+        try:
+            return bool(self.pending) or self._pipe.poll(0)
+        except (EOFError, OSError):
+            return True
 
-    def _take(self, message: tuple[Any, ...]) -> None:
-        if message[0] == "request":
-            self.received.add(message[1].id)
-            self.pending.append(message[1])
-            self.urgent += message[1].priority > 0
-        elif message[0] == "abort":
-            self.aborted = frozenset(message[1])
-        elif message[0] == "end":
-            self.ended = True
-        elif message[0] == "over":
-            self.over = True
+    def aborted(self) -> frozenset[str]:
+        """The ids of the aborts waiting (what a request run alone polls, containment.py)."""
+        self.read(block=False)
+        return frozenset(i for m in self.pending if m[0] == "abort" for i in m[1])
 
 
-def _child_run(engine: Any, inbox: Any, outbox: Any, channel: Any = None) -> None:
+def _serve(engine: Any, pipe: Any, outbox: Any, channel: Any = None) -> None:
+    """Apply the parent's messages and step while anything is held, until "close" or the
+    parent is gone (an orphan drops its work at once: nobody can receive its results, and the
+    device is the next worker's)."""
     from .containment import Contained
 
-    messages = _RunInbox(inbox)
-    contained = Contained(engine)
+    inbox = _Inbox(pipe)
     leader = None
+    alone_aborted: Callable[[], Collection[str]] = inbox.aborted
     if channel is not None:
         from .lockstep import Leader
 
         leader = Leader(channel)
-
-    def source() -> Iterator[GenerationRequest]:
-        # Never blocks an engine that has rows to step: a request still on its way through
-        # the pipe joins at a later step (at a run's start the engine waited for a whole
-        # engine's width of requests to arrive, one by one, before its first step).
-        while True:
-            messages.drain()
-            if messages.pending:
-                yield messages.next_request()
-            elif messages.ended:
+        alone_aborted = leader.aborted(inbox.aborted)
+    core = Contained(engine, alone_aborted=alone_aborted)
+    told_broken = False
+    while True:
+        inbox.read(block=not core.has_unfinished or core.broken)
+        if inbox.orphaned:
+            raise SystemExit(0)
+        while inbox.pending:
+            message = inbox.pending.popleft()
+            if message[0] in ("add", "abort") and core.broken:
+                continue  # the parent ends its run when it reads "broken"
+            if leader is not None:  # every verb reaches the other ranks too
+                message = leader.command(message)
+            kind = message[0]
+            if kind == "add":
+                core.add(message[1])
+            elif kind == "abort":
+                core.abort(message[1])
+            elif kind == "clear_prefix_cache":
+                engine.clear_prefix_cache()
+                outbox.send(("ok", None))
+            elif kind == "close":
                 return
-            elif contained.holding():
-                yield NOT_READY
-            else:
-                messages.drain(block=True)
-
-    def stopped() -> Collection[str]:
-        # An orphan aborts what it holds (within the engine's abort poll, 0.5 s of work)
-        # instead of computing results nobody can receive on a device a new worker needs.
-        messages.drain()
-        return set(messages.received) if messages.orphaned else messages.aborted
-
-    def urgent() -> bool:
-        messages.drain()
-        return messages.urgent > 0
-
-    requests, poll = source(), stopped
-    # Ranks in lockstep pull only as the followers can replay: past the rows never.
-    pull_urgent: Callable[[], bool] | None = urgent
-    if leader is not None:  # every answer to the engine reaches the other ranks too
-        requests, poll, pull_urgent = leader.source(requests), leader.aborted(stopped), None
-    for result in contained.generate(requests, aborted=poll, urgent=pull_urgent):
-        messages.drain()  # a full engine asks its source nothing: notice an orphan here too
-        if messages.orphaned:
+        if core.broken:
+            if not told_broken:
+                _send(outbox, ("broken", None))
+                told_broken = True
             continue
-        if isinstance(result, PartialResult):
-            with contextlib.suppress(OSError):
-                outbox.send(("partial", result))
+        if not core.has_unfinished:
             continue
         if leader is not None:
-            result = leader.result(result)
-        try:
-            outbox.send(("result", result))
-        except OSError:  # the worker's end is closed
-            messages.orphaned = True
-    if messages.orphaned:
-        raise SystemExit(0)
-    outbox.send(("done", contained.broken))
-    while not (messages.over or messages.orphaned):  # the next message is a command again
-        messages.drain(block=True)
+            leader.command(("step",))
+        for output in core.step(plan_ahead=True, interrupt=inbox.waiting):
+            if isinstance(output, PartialResult):
+                sent = _send(outbox, ("partial", output))
+            else:
+                if leader is not None:
+                    output = leader.result(output)
+                sent = _send(outbox, ("result", output))
+            if not sent:
+                raise SystemExit(0)  # the worker's end is closed
+
+
+def _send(outbox: Any, message: tuple[Any, ...]) -> bool:
+    """Send to the parent; False when its end is closed."""
+    try:
+        outbox.send(message)
+    except OSError:
+        return False
+    return True

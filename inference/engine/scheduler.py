@@ -236,6 +236,12 @@ class Scheduler:
         self.waiting.clear()
         self._start()
 
+    def rest(self) -> None:
+        """Nothing held: start afresh, as `reset` does (a step size cut by out-of-memory is
+        tried whole again, pacing waits for the next interactive request)."""
+        if not self.holding:
+            self._start()
+
     # -- the step's plan --------------------------------------------------------------------
 
     def schedule(self) -> Work:
@@ -295,13 +301,18 @@ class Scheduler:
 
     def run_ahead(self, max_steps: int) -> tuple[list[Sequence], int] | None:
         """The sequences and number of steps of a decoding run (runs.py), when the next steps'
-        plan is known already: nothing waits, every sequence in flight is a batch sequence
+        plan is known already: nothing waits that a step could admit (no interactive
+        request, and no row free for a batch one), every sequence in flight is a batch sequence
         decoding with sampling that can run ahead (`Sequence.runs_ahead`), the step budget
         and pacing take them all, and every one can take the run's steps without reaching
         its `max_new_tokens` before the last. None otherwise (steps go one at a time).
         Reserves nothing: `reserve` does."""
         running = self.running
-        if self.waiting or not running or len(running) > min(self._step_rows, self._step_tokens):
+        if not running or len(running) > min(self._step_rows, self._step_tokens):
+            return None
+        if self.waiting and (
+            rows_held(running) < self.max_batch_size or self.holding_interactive()
+        ):
             return None
         steps = max_steps
         for seq in running:

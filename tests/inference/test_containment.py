@@ -1,4 +1,5 @@
-"""Poison containment around an engine's generate (inference/engine/containment.py)."""
+"""Poison containment around an engine's generate and its core's step
+(inference/engine/containment.py)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,92 @@ def test_a_run_alone_that_departs_from_the_streamed_text_ends_as_internal_error(
     final = {r.id: r for r in results if isinstance(r, GenerationResult)}
     assert final["s"].error == ERROR_INTERNAL and final["s"].choices == []
     assert engine.closed == ["s", "p"]  # its run was left at once, freeing its rows
+
+
+class _Core:
+    """An engine core with room for two requests in flight: a step finishes every request in
+    flight, unless a poisoned one is among them, then it raises; alone (`generate`), each
+    finishes and a poisoned one raises. `reset` answers the requests never admitted."""
+
+    tokenizer = None
+    max_batch_size = 2
+    media_modalities: frozenset[str] = frozenset()
+    contains_failures = False
+    broken = False
+
+    def __init__(self, poisoned: set[str]) -> None:
+        self.poisoned = poisoned
+        self.waiting: list[GenerationRequest] = []
+        self.running: list[GenerationRequest] = []
+        self.alone: list[str] = []
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, request: GenerationRequest) -> None:
+        self.waiting.append(request)
+
+    def abort(self, ids: Any) -> None:
+        pass
+
+    def step(self, **options: Any) -> list[GenerationResult]:
+        while self.waiting and len(self.running) < 2:
+            self.running.append(self.waiting.pop(0))
+        if any(r.id in self.poisoned for r in self.running):
+            raise RuntimeError("poison")
+        done, self.running = self.running, []
+        return [_done(r) for r in done]
+
+    def reset(self) -> list[GenerationRequest]:
+        unstarted, self.waiting, self.running = self.waiting, [], []
+        return unstarted
+
+    def generate(self, requests: Any, *, aborted: Any = None) -> Iterator[GenerationResult]:
+        for request in requests:
+            self.alone.append(request.id)
+            if request.id in self.poisoned:
+                raise RuntimeError("poison")
+            yield _done(request)
+
+    def clear_prefix_cache(self) -> None:
+        pass
+
+
+def _done(request: GenerationRequest) -> GenerationResult:
+    return GenerationResult(request.id, [Choice(0, [1], "ok", "stop")], 2, 1, 0, 0.0)
+
+
+def _four() -> list[GenerationRequest]:
+    return [GenerationRequest(i, [1, 2], SamplingParams(max_new_tokens=1)) for i in "abcd"]
+
+
+def test_a_step_that_raises_runs_its_requests_in_flight_alone_and_requeues_the_rest():
+    core = _Core(poisoned={"b"})
+    contained = Contained(core)  # type: ignore[arg-type]
+    for request in _four():
+        contained.add(request)
+
+    first = contained.step()
+
+    # a and b were in flight: each ran alone; b fails alone and ends as its own error.
+    assert core.alone == ["a", "b"]
+    assert [(r.id, r.error) for r in first] == [("a", None), ("b", ERROR_INTERNAL)]
+    # c and d never ran: queued again as they were, and the next step finishes them.
+    assert contained.has_unfinished and not contained.broken
+    assert [(r.id, r.error) for r in contained.step()] == [("c", None), ("d", None)]
+    assert not contained.has_unfinished
+
+
+def test_a_step_whose_every_request_fails_alone_breaks_the_engine_and_keeps_the_rest_back():
+    core = _Core(poisoned={"a", "b"})
+    contained = Contained(core)  # type: ignore[arg-type]
+    for request in _four():
+        contained.add(request)
+
+    results = contained.step()
+
+    assert [(r.id, r.error) for r in results] == [("a", ERROR_INTERNAL), ("b", ERROR_INTERNAL)]
+    assert contained.broken
+    # Not queued again: the caller hands c and d back (their attempts are bounded there).
+    assert not core.has_unfinished

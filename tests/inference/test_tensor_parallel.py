@@ -18,14 +18,14 @@ from django.core.management.base import CommandError
 from inference import runtime
 from inference.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from inference.engine.families import TEXT_FAMILIES
-from inference.engine.lockstep import Channel, LockstepBroken, followed_aborted, followed_source
+from inference.engine.lockstep import Channel, LockstepBroken, follow, followed_aborted
 from inference.engine.parallel import (
     TENSOR_PARALLEL_FAMILIES,
     device_refusal,
     tensor_parallel_refusal,
 )
 from inference.engine.process import EngineProcess, EngineProcessError
-from inference.engine.types import NOT_READY, ConstraintSpec
+from inference.engine.types import ConstraintSpec
 from inference.models import ModelRevision
 from tests.batches import conftest as batch_fixtures
 from tests.batches.conftest import submit
@@ -263,16 +263,43 @@ class Scripted(Channel):
         return next(self._messages)
 
 
-def test_a_follower_stops_where_its_engine_asks_what_the_leader_did_not_answer() -> None:
+class Recording:
+    """An engine core that records the verbs a follower applies to it."""
+
+    def __init__(self) -> None:
+        self.applied: list = []
+        self.has_unfinished = False
+
+    def add(self, request) -> None:
+        self.applied.append(("add", request.id))
+
+    def abort(self, ids) -> None:
+        self.applied.append(("abort", list(ids)))
+
+    def step(self, **options):
+        self.applied.append(("step",))
+        return []
+
+    def clear_prefix_cache(self) -> None:
+        self.applied.append(("clear_prefix_cache",))
+
+
+def test_a_follower_applies_the_leaders_verbs_and_stops_where_they_part() -> None:
     request = GenerationRequest("a", [1, 2], SamplingParams(max_new_tokens=1))
-    channel = Scripted([("pull", "request", request), ("pull", "wait", None), ("aborted", [])])
-    source = followed_source(channel)
-    assert next(source) is request
-    assert next(source) is NOT_READY
-    with pytest.raises(LockstepBroken, match="asked for 'pull' where the leader answered"):
-        next(source)
+    engine = Recording()
+    verbs = [("add", request), ("step",), ("abort", ["a"]), ("clear_prefix_cache",), ("close",)]
+    follow(engine, Scripted(verbs))
+    assert engine.applied == [
+        ("add", "a"),
+        ("step",),
+        ("abort", ["a"]),
+        ("clear_prefix_cache",),
+    ]
+    # An answer where a verb was due (or a verb where the engine polled aborts): they parted.
+    with pytest.raises(LockstepBroken, match="the leader sent 'aborted'"):
+        follow(Recording(), Scripted([("aborted", [])]))
     with pytest.raises(LockstepBroken, match="asked for 'aborted'"):
-        followed_aborted(Scripted([("pull", "end", None)]))()
+        followed_aborted(Scripted([("step",)]))()
     # Not an Exception: containment must not take it for one request's failure.
     assert not issubclass(LockstepBroken, Exception)
 
