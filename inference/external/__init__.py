@@ -1,0 +1,15 @@
+"""External engines: a revision whose rows an OpenAI-compatible server answers (vLLM, SGLang,
+TGI, `transformers serve`, llm-d behind its gateway) instead of Boardwalk's own engine.
+
+One small module a job, none importing torch or Django:
+
+- `upstream`: where rows go (`Upstream`: base URL, model id, the key from the environment
+  variable the revision names) and the rules for the URL and the variable's name;
+- `check`: `upstream_check`, the server lists the model and answers a one-token request
+  (`manage.py model inspect|add --check`);
+- `client`: `UpstreamClient.send`, one row posted and its outcome classified (success,
+  retryable with `Retry-After`, final, not sent past its deadline);
+- `limits`: the adaptive in-flight limit per revision (AIMD between a floor and the
+  revision's `max_in_flight`), bounded across worker processes by leases in Redis;
+- `backoff`: jittered exponential waits honouring `Retry-After`, never past a deadline.
+"""
