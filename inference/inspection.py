@@ -4,7 +4,9 @@
 safetensors headers (a few KiB each, whatever the weights weigh) and either describes the
 revision (`Inspection`) or refuses with the reason (`InspectionRefused`). `manage.py model` and
 the admin's revision form both call it, so neither creates a revision the engine would refuse.
-No torch, no transformers model code, no network.
+`external_inspect(path, engine_url=…)` describes a revision an external engine answers, from
+its tokenizer directory alone (no weights; inference/external/). No torch, no transformers
+model code, no network.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from inference.engine.quantization import (
     quantization_of,
     quantization_refusal,
 )
+from inference.external.upstream import UpstreamConfigError, api_key_env_refusal, normalized_url
 from inference.media_layout import LayoutUnavailable, json_object, media_layout
 from inference.tokenization import ChatTokenizer, RenderLimitExceeded, TokenizerUnavailable
 
@@ -79,13 +82,16 @@ class Inspection:
     quantization: dict[str, Any] | None = None
     tensor_parallel_size: int = 1
     notes: list[str] = field(default_factory=list)
+    # An external engine's revision (`external_inspect`): url, model, api_key_env,
+    # max_in_flight, gpus. None: Boardwalk's own engine loads the weights at `path`.
+    engine: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def revision_fields(self, *, label: str) -> dict[str, Any]:
         """The fields of a `ModelRevision` built from this inspection."""
-        return {
+        fields = {
             "label": label,
             "weights": self.path,
             "context_length": self.context_length,
@@ -94,6 +100,16 @@ class Inspection:
             "dialect": self.dialect,
             "tensor_parallel_size": self.tensor_parallel_size,
         }
+        if self.engine is not None:
+            fields |= {
+                "tokenizer": self.path,
+                "engine_url": self.engine["url"],
+                "engine_model": self.engine["model"],
+                "engine_api_key_env": self.engine["api_key_env"],
+                "max_in_flight": self.engine["max_in_flight"],
+                "engine_gpus": self.engine["gpus"],
+            }
+        return fields
 
 
 def model_inspect(
@@ -175,6 +191,100 @@ def model_inspect(
             *ignored,
             *_notes(chosen_dtype, stored_dtype, quantization, tensor_parallel_size, kv_bytes),
         ],
+    )
+
+
+# A cap past this is no fleet's concurrency but a typo (vLLM's max_num_seqs is 256 to 1024 a
+# replica); the limit adapts below the cap anyway.
+MAX_IN_FLIGHT = 100_000
+
+
+def external_inspect(
+    path: str | Path,
+    *,
+    engine_url: str,
+    engine_model: str,
+    engine_api_key_env: str = "",
+    max_in_flight: int = 32,
+    gpus: int = 0,
+    context_length: int | None = None,
+    dialect: str | None = None,
+    served_context_length: int | None = None,
+) -> Inspection:
+    """Describe a revision an external engine answers, or raise InspectionRefused.
+
+    `path` is its tokenizer directory: `config.json`, the fast tokenizer and its chat
+    template, no weights. It is checked as a local model's tokenizer is (the template renders
+    under the same bounds, the dialect is found in it, the end-of-sequence ids are tokens),
+    since uploads are validated, counted and estimated with it exactly as for a local
+    revision. The context length is the config's, never more than `served_context_length`
+    (what the server says it serves, from `inference.external.check`), or `context_length`
+    within both. Nothing here asks the server: `upstream_check` does."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise InspectionRefused(
+            f"{directory} is not a directory: --tokenizer names the model's tokenizer "
+            "directory (config.json, tokenizer.json, chat template; no weights needed)"
+        )
+    directory = directory.resolve()
+    try:
+        url = normalized_url(engine_url)
+    except UpstreamConfigError as exc:
+        raise InspectionRefused(str(exc)) from exc
+    if not engine_model.strip():
+        raise InspectionRefused("--engine-model is the model id the server lists at /v1/models")
+    refused = api_key_env_refusal(engine_api_key_env) if engine_api_key_env else None
+    if refused:
+        raise InspectionRefused(refused)
+    if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
+        raise InspectionRefused(f"--max-in-flight must be from 1 to {MAX_IN_FLIGHT}")
+    if gpus < 0:
+        raise InspectionRefused("--gpus counts the GPUs the server holds: 0 or more")
+    config = _json(directory / "config.json", required=True)
+    _check_sizes(config)
+    native = context_length_of(config)
+    known = [n for n in (native, served_context_length) if n]
+    ceiling = min(known) if known else None
+    if context_length is None:
+        if ceiling is None:
+            raise InspectionRefused(
+                "neither config.json nor the server names a context length; pass --context-length"
+            )
+        context_length = ceiling
+    if context_length <= 0 or (ceiling is not None and context_length > ceiling):
+        said = " (what the server serves)" if ceiling == served_context_length else ""
+        raise InspectionRefused(
+            f"context length {context_length} must be between 1 and {ceiling}{said}"
+        )
+    tokenizer = _tokenizer(directory)
+    _probe_template(tokenizer)
+    spoken = _dialect(tokenizer.chat_template, dialect)
+    model_type = str(config.get("model_type") or "")
+    return Inspection(
+        path=str(directory),
+        architecture=str((config.get("architectures") or [model_type])[0]),
+        model_type=model_type,
+        context_length=context_length,
+        dtype="auto",
+        parameters=0,
+        weight_bytes=0,
+        kv_bytes_per_token=0,
+        modalities=["text"],
+        dialect=spoken.name,
+        eos_token_ids=_eos_ids(directory, config, tokenizer),
+        notes=[
+            dialect_note(spoken, chosen=dialect is not None),
+            f"answered by the external engine at {url} (model {engine_model!r}); the "
+            "directory gives the tokenizer, template and context, no weights are loaded",
+            "text rows only: media parts are not sent to external engines yet",
+        ],
+        engine={
+            "url": url,
+            "model": engine_model,
+            "api_key_env": engine_api_key_env,
+            "max_in_flight": max_in_flight,
+            "gpus": gpus,
+        },
     )
 
 

@@ -49,13 +49,56 @@ class ModelRevision(models.Model):
         help_text="GPUs of one machine the engine is split across (transformers' tensor "
         "parallelism); 1 runs it on one device.",
     )
+    # An external engine (inference/external/): an OpenAI-compatible server answers the
+    # revision's rows; `weights` and `tokenizer` then name its tokenizer directory (config,
+    # tokenizer, chat template, no weights), which counting and upload validation read as for
+    # a local revision. Blank `engine_url`: Boardwalk's own engine loads `weights`.
+    engine_url = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="An OpenAI-compatible server's base URL (…/v1) that answers this revision's "
+        "rows; blank: Boardwalk's own engine loads the weights.",
+    )
+    engine_model = models.CharField(
+        max_length=300, blank=True, help_text="The model id the server lists at /v1/models."
+    )
+    engine_api_key_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="The environment variable that holds the server's API key (the key itself "
+        "is never stored); blank: the server takes none.",
+    )
+    max_in_flight = models.PositiveIntegerField(
+        default=32,
+        validators=[MinValueValidator(1)],
+        help_text="External engine: the most rows in flight at once across all workers (the "
+        "cap of the adaptive in-flight limit).",
+    )
+    engine_gpus = models.PositiveIntegerField(
+        default=0,
+        help_text="External engine: the GPUs the server holds for this revision, as the "
+        "operator declares them (a private deployment on it is charged these GPUs for the "
+        "time its requests are in flight); 0: not declared.",
+    )
     created_at = models.DateTimeField(default=clock.now, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(engine_url="", engine_model="")
+                | (~models.Q(engine_url="") & ~models.Q(engine_model="")),
+                name="revision_engine_url_and_model_together",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.label} ({self.id})"
+
+    @property
+    def is_external(self) -> bool:
+        """Whether an external engine answers this revision's rows (`engine_url`)."""
+        return bool(self.engine_url)
 
 
 class CatalogModel(models.Model):

@@ -24,6 +24,25 @@ from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
 from inference.models import ModelRevision
 
+
+class ExternalRevision(ModelLoadError):
+    """The revision is answered by an external engine (inference/external/), which this
+    release's workers do not dispatch to yet: nothing of it is loaded here."""
+
+    def __init__(self, revision: ModelRevision) -> None:
+        super().__init__(
+            f"revision {revision.id} is answered by the external engine at "
+            f"{revision.engine_url}; workers do not dispatch rows to external engines yet, "
+            'so nothing is loaded (docs/DEPLOYMENT.md "Batches on an existing engine fleet")'
+        )
+
+
+def _refuse_external(revision: ModelRevision) -> None:
+    """Boardwalk's engine never loads an external revision: its directory has no weights."""
+    if revision.is_external:
+        raise ExternalRevision(revision)
+
+
 _lock = threading.Lock()
 _engines: OrderedDict[str, GenerationEngine] = OrderedDict()
 _tokenizers: OrderedDict[str, Any] = OrderedDict()
@@ -86,7 +105,9 @@ def engine_lock(revision_id: str) -> threading.Lock:
 def engine_for(revision: ModelRevision) -> GenerationEngine:
     """The process's engine for `revision`: an `EngineProcess` (the engine in a child
     process, BOARDWALK_ENGINE_PROCESS, the default), an in-process `Engine`, or a
-    `FakeEngine` when BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks."""
+    `FakeEngine` when BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks.
+    An external revision raises ExternalRevision (a ModelLoadError)."""
+    _refuse_external(revision)
     with _lock:
         cached = _engines.get(revision.id)
         if cached is not None:
@@ -183,7 +204,9 @@ def revision_check(revision: ModelRevision, *, tokens: int = 4) -> GenerationRes
     """Load `revision` in this process exactly as a worker would and generate `tokens`
     greedy tokens for one short chat prompt: proof that it loads and runs on this machine's
     device (`manage.py model add --check`), across its ranks when it is tensor-parallel.
-    Raises ModelLoadError when it does not load."""
+    Raises ModelLoadError when it does not load, ExternalRevision for an external revision
+    (`inference.external.check` checks those)."""
+    _refuse_external(revision)
     engine: GenerationEngine
     if revision.tensor_parallel_size > 1:
         tokenizer = _load_tokenizer(revision)

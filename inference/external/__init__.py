@@ -12,4 +12,6 @@ One small module a job, none importing torch or Django:
 - `limits`: the adaptive in-flight limit per revision (AIMD between a floor and the
   revision's `max_in_flight`), bounded across worker processes by leases in Redis;
 - `backoff`: jittered exponential waits honouring `Retry-After`, never past a deadline.
+
+What exists and what is next: docs/DEPLOYMENT.md, "Batches on an existing engine fleet".
 """

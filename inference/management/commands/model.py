@@ -1,6 +1,11 @@
 """Serve your own models:
 `manage.py model inspect|add|list|set-revision|set-price|disable|enable`.
 
+A revision is either a local directory Boardwalk's engine loads (`--weights DIR`) or an
+external engine that answers its rows (`--engine-url URL --engine-model ID --tokenizer DIR`:
+an OpenAI-compatible server such as vLLM or SGLang, inference/external/); for the latter
+`inspect` and `add --check` ask the server (`inference.external.check`).
+
 Every subcommand takes `--json` (before or after the subcommand: one JSON object on stdout,
 the result or `{"error": …}`), exits 1 with a message that says what to change on any
 refusal, and writes through `inference.services`, so the catalog's rules hold as they do in
@@ -19,7 +24,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from boardwalk.errors import BoardwalkError
 from boardwalk.selectors import organization_by_id_or_name
-from inference.inspection import Inspection, InspectionRefused, machine_refusal, model_inspect
+from inference.external.check import CheckRefused, upstream_check
+from inference.external.upstream import Upstream, UpstreamConfigError, api_key_from_environment
+from inference.inspection import (
+    Inspection,
+    InspectionRefused,
+    external_inspect,
+    machine_refusal,
+    model_inspect,
+)
 from inference.models import MODALITIES, CatalogModel, Deployment, ModelRevision
 from inference.services import (
     Prices,
@@ -87,6 +100,43 @@ def _inspection_options(parser: ArgumentParser) -> None:
     )
 
 
+def _engine_options(parser: ArgumentParser, *, inspecting: bool = False) -> None:
+    """An external engine's options; `inspect` takes the tokenizer directory as DIR."""
+    parser.add_argument(
+        "--engine-url",
+        default=None,
+        help="An OpenAI-compatible server that answers the rows (vLLM, SGLang, TGI), with "
+        "/v1: http://vllm-head:8000/v1.",
+    )
+    parser.add_argument("--engine-model", default=None, help="The model id the server lists.")
+    if not inspecting:
+        parser.add_argument(
+            "--tokenizer",
+            default=None,
+            help="With --engine-url: the model's tokenizer directory (config.json, tokenizer, "
+            "chat template; no weights).",
+        )
+    parser.add_argument(
+        "--engine-api-key-env",
+        default="",
+        help="The environment variable that holds the server's API key (never stored).",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="With --engine-url: the most rows in flight at once across all workers "
+        "(default 32; see docs/DEPLOYMENT.md).",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="With --engine-url: the GPUs the server holds for this model (a private "
+        "deployment's is charged for them).",
+    )
+
+
 def _media(value: str) -> list[str]:
     media = [m.strip() for m in value.split(",") if m.strip()]
     unknown = set(media) - (set(MODALITIES) - {"text"})
@@ -102,28 +152,40 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
         actions = parser.add_subparsers(dest="action", required=True)
 
-        inspect = actions.add_parser("inspect", help="What DIR would be as a revision.")
+        inspect = actions.add_parser(
+            "inspect",
+            help="What DIR would be as a revision (with --engine-url: DIR is the tokenizer "
+            "directory, and the server is asked).",
+        )
         inspect.add_argument("directory")
         _inspection_options(inspect)
+        _engine_options(inspect, inspecting=True)
 
         add = actions.add_parser("add", help="A new catalog model or private deployment.")
         add.add_argument("name")
-        add.add_argument("--weights", required=True, help="The model's local directory.")
+        add.add_argument("--weights", default=None, help="The model's local directory.")
         _inspection_options(add)
+        _engine_options(add)
         add.add_argument("--label", default=None, help="The revision's name (default: NAME@DIR).")
         _price_options(add)
         add.add_argument("--batch-media", type=_media, default=[], help="image,audio")
         add.add_argument("--deployment", action="store_true", help="A private deployment.")
         add.add_argument("--org", default=None, help="The deployment's organization (id or name).")
         add.add_argument("--gpu-second-price", type=int, default=None, help="µUSD per GPU-second.")
-        add.add_argument("--check", action="store_true", help="Generate a few tokens first.")
+        add.add_argument(
+            "--check",
+            action="store_true",
+            help="Generate a few tokens first (with --engine-url: the server lists the model "
+            "and answers a one-token request).",
+        )
 
         actions.add_parser("list", help="Catalog models and deployments.")
 
         revise = actions.add_parser("set-revision", help="A new revision for NAME.")
         revise.add_argument("name")
-        revise.add_argument("--weights", required=True)
+        revise.add_argument("--weights", default=None)
         _inspection_options(revise)
+        _engine_options(revise)
         revise.add_argument("--label", default=None)
         revise.add_argument("--check", action="store_true")
 
@@ -179,8 +241,17 @@ class Command(BaseCommand):
         dtype: str | None,
         tensor_parallel_size: int,
         dialect: str | None,
-        **_: Any,
+        **options: Any,
     ) -> dict[str, Any]:
+        external = options.get("engine_url") is not None
+        if external:
+            options["tokenizer"] = directory
+        engine = _engine(
+            options, weights=None if external else directory, dtype=dtype, tp=tensor_parallel_size
+        )
+        if engine is not None:
+            found, checked = _external(engine, context_length, dialect, prefix="inspect")
+            return found.as_dict() | checked
         found, refused = _inspected(directory, context_length, dtype, tensor_parallel_size, dialect)
         if refused:  # the directory is fine; `add` here would refuse
             found.notes.append(f"not servable on this machine: {refused}")
@@ -190,7 +261,7 @@ class Command(BaseCommand):
         self,
         *,
         name: str,
-        weights: str,
+        weights: str | None,
         context_length: int | None,
         dtype: str | None,
         label: str | None,
@@ -208,9 +279,15 @@ class Command(BaseCommand):
         interactive = _three(
             options, _INTERACTIVE_FLAGS, "the model is then not offered interactively"
         )
+        engine = _engine(options, weights=weights, dtype=dtype, tp=tensor_parallel_size)
         if deployment:
             if org is None or gpu_second_price is None:
                 raise CommandError("a deployment needs --org and --gpu-second-price")
+            if engine is not None and not engine["gpus"]:
+                raise CommandError(
+                    "a deployment on an external engine is charged its GPUs for the time its "
+                    "requests are in flight: give --gpus N (the GPUs the server holds for it)"
+                )
             if prices or interactive or batch_media:
                 raise CommandError(
                     "a deployment is billed per GPU-second: token prices and --batch-media "
@@ -219,7 +296,20 @@ class Command(BaseCommand):
         else:
             # Before the revision is made (and --check runs): a refusal creates nothing.
             catalog_prices_check(prices=prices, interactive_prices=interactive)
-        inspection = _servable(weights, context_length, dtype, tensor_parallel_size, dialect)
+        if engine is not None:
+            inspection, checked = (
+                _external(engine, context_length, dialect, prefix="--check")
+                if check
+                else (_external_inspection(engine, context_length, dialect), {})
+            )
+        else:
+            inspection = _servable(
+                _local_only(options, weights=weights),
+                context_length,
+                dtype,
+                tensor_parallel_size,
+                dialect,
+            )
         missing = set(batch_media) - set(inspection.modalities)
         if missing:
             raise CommandError(
@@ -227,7 +317,10 @@ class Command(BaseCommand):
                 f"(it publishes {', '.join(inspection.modalities)})"
             )
         owner = organization_by_id_or_name(org) if deployment and org else None
-        revision, checked = _revision(inspection, name=name, label=label, check=check)
+        if engine is not None:
+            revision = _external_revision(inspection, name=name, label=label)
+        else:
+            revision, checked = _revision(inspection, name=name, label=label, check=check)
         if owner is not None and gpu_second_price is not None:
             created = deployment_create(
                 org=owner, name=name, revision=revision, gpu_second_price=gpu_second_price
@@ -254,18 +347,33 @@ class Command(BaseCommand):
         self,
         *,
         name: str,
-        weights: str,
+        weights: str | None,
         context_length: int | None,
         dtype: str | None,
         label: str | None,
         check: bool,
         tensor_parallel_size: int,
         dialect: str | None,
-        **_: Any,
+        **options: Any,
     ) -> dict[str, Any]:
         target = _named(name)
-        inspection = _servable(weights, context_length, dtype, tensor_parallel_size, dialect)
-        revision, checked = _revision(inspection, name=name, label=label, check=check)
+        engine = _engine(options, weights=weights, dtype=dtype, tp=tensor_parallel_size)
+        if engine is not None:
+            inspection, checked = (
+                _external(engine, context_length, dialect, prefix="--check")
+                if check
+                else (_external_inspection(engine, context_length, dialect), {})
+            )
+            revision = _external_revision(inspection, name=name, label=label)
+        else:
+            inspection = _servable(
+                _local_only(options, weights=weights),
+                context_length,
+                dtype,
+                tensor_parallel_size,
+                dialect,
+            )
+            revision, checked = _revision(inspection, name=name, label=label, check=check)
         if isinstance(target, CatalogModel):
             catalog_model_set_revision(model=target, revision=revision)
             target.refresh_from_db()
@@ -383,6 +491,108 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+_ENGINE_FLAGS = ("engine_model", "tokenizer", "max_in_flight", "gpus")
+
+
+def _local_only(options: dict[str, Any], *, weights: str | None) -> str:
+    """The weights of a local revision; refused without them, or with an external engine's
+    flags."""
+    given = [f"--{k.replace('_', '-')}" for k in _ENGINE_FLAGS if options.get(k) is not None]
+    if options.get("engine_api_key_env"):
+        given.append("--engine-api-key-env")
+    if given:
+        raise CommandError(f"{', '.join(given)}: only with --engine-url (an external engine)")
+    if weights is None:
+        raise CommandError(
+            "give --weights DIR (Boardwalk's engine loads it) or --engine-url URL "
+            "--engine-model ID --tokenizer DIR (an external engine answers its rows)"
+        )
+    return weights
+
+
+def _engine(
+    options: dict[str, Any], *, weights: str | None, dtype: str | None, tp: int
+) -> dict[str, Any] | None:
+    """The external engine the flags describe, None for a local revision (whose flags are
+    then checked); refused where they mix the two or leave one out."""
+    url = options.get("engine_url")
+    if url is None:
+        _local_only(options, weights=weights)
+        return None
+    if weights is not None:
+        raise CommandError(
+            "--weights and --engine-url exclude each other: an external engine's revision "
+            "names its tokenizer directory with --tokenizer"
+        )
+    missing = [f for f in ("engine_model", "tokenizer") if not options.get(f)]
+    if missing:
+        raise CommandError(
+            f"--engine-url needs {' and '.join('--' + f.replace('_', '-') for f in missing)}"
+        )
+    if dtype is not None or tp != 1:
+        raise CommandError(
+            "--dtype and --tensor-parallel-size are Boardwalk's engine's: the external engine "
+            "chooses its own"
+        )
+    max_in_flight, gpus = options.get("max_in_flight"), options.get("gpus")
+    return {
+        "path": options["tokenizer"],
+        "engine_url": url,
+        "engine_model": options["engine_model"],
+        "engine_api_key_env": options.get("engine_api_key_env") or "",
+        "max_in_flight": 32 if max_in_flight is None else max_in_flight,
+        "gpus": 0 if gpus is None else gpus,
+    }
+
+
+def _external_inspection(
+    engine: dict[str, Any],
+    context_length: int | None,
+    dialect: str | None,
+    served_context_length: int | None = None,
+) -> Inspection:
+    return external_inspect(
+        engine["path"],
+        engine_url=engine["engine_url"],
+        engine_model=engine["engine_model"],
+        engine_api_key_env=engine["engine_api_key_env"],
+        max_in_flight=engine["max_in_flight"],
+        gpus=engine["gpus"],
+        context_length=context_length,
+        dialect=dialect,
+        served_context_length=served_context_length,
+    )
+
+
+def _external(
+    engine: dict[str, Any], context_length: int | None, dialect: str | None, *, prefix: str
+) -> tuple[Inspection, dict[str, Any]]:
+    """The inspection of an external engine's revision after its server was asked (the
+    model is listed, one token is answered; the context is capped at what it serves), and
+    what the check found. Refused, naming the reason, when the server cannot serve it."""
+    inspection = _external_inspection(engine, context_length, dialect)  # offline checks first
+    described = inspection.engine or {}
+    variable = described["api_key_env"]
+    try:
+        upstream = Upstream(
+            url=described["url"],
+            model=described["model"],
+            api_key=api_key_from_environment(variable),
+        )
+        found = upstream_check(upstream, key_variable=variable)
+    except (UpstreamConfigError, CheckRefused) as exc:
+        raise CommandError(f"{prefix}: {exc}") from exc
+    if found.context_length is not None:
+        inspection = _external_inspection(
+            engine, context_length, dialect, served_context_length=found.context_length
+        )
+    return inspection, {"check": {"ok": True} | found.as_dict()}
+
+
+def _external_revision(inspection: Inspection, *, name: str, label: str | None) -> ModelRevision:
+    return revision_create(**inspection.revision_fields(label=label or f"{name}@{inspection.path}"))
+
+
 def _revision(
     inspection: Inspection, *, name: str, label: str | None, check: bool
 ) -> tuple[ModelRevision, dict[str, Any]]:
@@ -422,6 +632,15 @@ def _revision_row(revision: ModelRevision) -> dict[str, Any]:
         "modalities": revision.modalities,
         "dialect": revision.dialect,
         "tensor_parallel_size": revision.tensor_parallel_size,
+        "engine": {
+            "url": revision.engine_url,
+            "model": revision.engine_model,
+            "api_key_env": revision.engine_api_key_env,
+            "max_in_flight": revision.max_in_flight,
+            "gpus": revision.engine_gpus,
+        }
+        if revision.is_external
+        else None,
     }
 
 
