@@ -1,9 +1,12 @@
 """One run of the stages for one engine key: claim → prepare → generate → record.
 
-Threaded (the worker): claim and prepare run on their own thread and fill a bounded queue the
-engine pulls from; the engine thread only generates; record runs on its own thread and writes
-results in groups. Inline (`threaded=False`, tests that run inside one database transaction):
-the same stages, called in turn from the caller's thread.
+Threaded (the worker): claim and prepare run on their own thread and fill a bounded queue; the
+engine thread runs one loop over the engine's verbs (add the prepared requests while the
+engine has room for them, step, route the outputs); record runs on its own thread and writes
+results in groups. The run's interactive feed (batches.interactive.feed) adds its requests to
+the engine from its own thread as they come, and the engine's scheduler puts them first.
+Inline (`threaded=False`, tests that run inside one database transaction): the same stages,
+called in turn from the caller's thread.
 
 The run claims from the queue (batches.queue.claim) and hands each claimed group to the
 prepare stage; it holds what it claimed until the record stage writes it, and hands back
@@ -22,7 +25,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,7 +40,7 @@ from batches.queue import EngineKey, LeaseHeartbeat, item_release, items_claim_g
 from boardwalk.logs import exception_trace
 from inference.engine.containment import Contained
 from inference.engine.protocol import GenerationEngine
-from inference.engine.types import NOT_READY, GenerationRequest, GenerationResult, PartialResult
+from inference.engine.types import GenerationRequest, GenerationResult, PartialResult
 from inference.media_layout import MediaLayout
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class EngineRun:
         self._stopping: frozenset[str] = frozenset()
         self.engine_broken = False
         self.feed: InteractiveFeed | None = None  # threaded runs: interactive requests
-        self._in_engine = 0  # requests handed to the engine and not answered yet
+        self._in_engine: set[str] = set()  # batch requests added to the engine, no result yet
 
     # -- shared bookkeeping -----------------------------------------------------------------
 
@@ -162,23 +164,15 @@ class EngineRun:
     # -- the engine loop, with containment --------------------------------------------------
 
     def _generate(
-        self,
-        source: Iterator[GenerationRequest],
-        aborted: Callable[[], frozenset[str]],
-        urgent: Callable[[], bool] | None = None,
+        self, source: Iterator[GenerationRequest], aborted: Callable[[], frozenset[str]]
     ) -> Iterator[GenerationResult | PartialResult]:
-        """The engine's results; a request that makes it raise is isolated (see module doc):
-        in the engine process itself (`EngineProcess`), or here around an in-process one."""
-        runner: GenerationEngine = (
-            self.engine if self.engine.contains_failures else Contained(self.engine)
-        )
+        """The engine's results for a pulled source (the inline run)."""
+        core = self._core()
         try:
-            yield from runner.generate(source, aborted=aborted, urgent=urgent)
+            yield from core.generate(source, aborted=aborted)
         finally:
-            if runner.broken:
-                # Not one request: the engine itself is broken. Stop; whatever is still
-                # held goes back to the queue and its attempts already count.
-                self.engine_broken = True
+            if core.broken:
+                self.engine_broken = True  # as in `_engine_loop`
 
     # -- inline: the caller's thread runs every stage ----------------------------------------
 
@@ -213,29 +207,36 @@ class EngineRun:
     # -- threaded: prepare and record on their own threads -----------------------------------
 
     def threaded(self) -> None:
-        ahead = _Ahead(maxsize=max(2, self.engine.max_batch_size))
+        wake = threading.Event()  # something arrived for the engine loop: a request, the end
+        ready = _Ready(max(2, self.engine.max_batch_size), wake)
         results: queue.Queue[Any] = queue.Queue()
         over = threading.Event()
         heartbeat = LeaseHeartbeat(self)
+        core = self._core()
+
+        def submit(request: GenerationRequest) -> None:  # the feed's: straight to the engine
+            core.add(request)
+            wake.set()
+
         self.feed = feed = InteractiveFeed(
             self.key,
             tokenizer=self.engine.tokenizer,
             context_length=self.preparer._context_length(),
             max_rows=self.engine.max_batch_size,
-            engine_rows=lambda: self._in_engine,
-            put_first=ahead.put_first,
+            engine_rows=lambda: len(self._in_engine),
+            submit=submit,
         ).start()
         # The first group is claimed here, on this thread's open connection: on the prepare
         # thread's new one (PostgreSQL) the engine's first requests would wait for its set-up.
         try:
-            first: Any = self._next_group(ahead.maxsize)
+            first: Any = self._next_group(ready.maxsize)
         except Exception as exc:
             logger.warning("claim failed, the prepare stage retries: %s", exception_trace(exc))
             connection.close()
             first = _UNCLAIMED
         prepare_thread = threading.Thread(
             target=self._prepare_loop,
-            args=(ahead, results, over, first),
+            args=(ready, results, over, first),
             name="prepare",
             daemon=True,
         )
@@ -244,39 +245,15 @@ class EngineRun:
         )
         for thread in (heartbeat, prepare_thread, record_thread):
             thread.start()
-
-        # An engine that does not contain its own failures pulls between its steps, on the
-        # thread that steps: it must not wait here while it holds rows (interactive requests
-        # come at any time). One that does runs in a child process fed by a thread of its own.
-        steps_here = not self.engine.contains_failures
-
-        def source() -> Iterator[GenerationRequest]:
-            while True:
-                holding = self._in_engine > 0
-                try:
-                    request = ahead.get(timeout=IDLE_POLL_SECONDS if holding else 0.5)
-                except queue.Empty:
-                    if holding and steps_here:
-                        yield NOT_READY
-                    continue
-                if request is _END:
-                    return
-                self._in_engine += 1
-                yield request
-
         try:
-            # An interactive request waiting ahead of the batch rows is pulled even by a full
-            # engine, which gives it a batch sequence's row.
-            for result in self._generate(
-                source(), lambda: self._stopping | feed.aborted(), urgent=lambda: bool(ahead.first)
-            ):
+            for result in self._engine_loop(core, ready, wake):
                 if isinstance(result, PartialResult):
                     feed.partial(result)
                     continue
-                self._in_engine -= 1
                 if feed.owns(result.id):
                     feed.finished(result)
                     continue
+                self._in_engine.discard(result.id)
                 finished = self._finished(result)
                 if finished is not None:
                     results.put(finished)
@@ -287,10 +264,8 @@ class EngineRun:
             while prepare_thread.is_alive():  # unblock a prepare stage waiting for room
                 with contextlib.suppress(queue.Empty):
                     while True:
-                        ahead.get_nowait()
+                        ready.get_nowait()
                 prepare_thread.join(timeout=0.01)  # (a blocking get here waited out its timeout)
-            with contextlib.suppress(queue.Full):  # and an engine process's feeder
-                ahead.put_nowait(_END)
             results.put(_END)
             record_thread.join()
             feed.stop()
@@ -298,8 +273,65 @@ class EngineRun:
             self.preparer.close()
             self._release_held()
 
+    def _core(self) -> GenerationEngine:
+        """The engine with failures contained (see module doc): the engine process contains
+        its own; an engine in this process is wrapped."""
+        return self.engine if self.engine.contains_failures else Contained(self.engine)
+
+    def _engine_loop(
+        self, core: GenerationEngine, ready: _Ready, wake: threading.Event
+    ) -> Iterator[GenerationResult | PartialResult]:
+        """The run's one loop over the engine's verbs: add the prepared batch requests while
+        the engine has room for them (its `credit`), pass on the aborts, step, and yield the
+        outputs; until the prepare stage ends and the engine holds nothing more. Interactive
+        requests are added by the feed's thread (`submit`), whenever they come: the engine's
+        scheduler puts them ahead of batch."""
+        ended = False
+        sent_aborts: frozenset[str] = frozenset()
+        feed = self.feed
+        if feed is None:
+            raise RuntimeError("the engine loop runs with the run's interactive feed")
+
+        def interrupt() -> bool:  # a decoding run ends for a request that has room now
+            return wake.is_set() and ready.qsize() > 0 and len(self._in_engine) < core.credit
+
+        try:
+            while True:
+                wake.clear()
+                while not ended and len(self._in_engine) < core.credit:
+                    try:
+                        request = ready.get_nowait()
+                    except queue.Empty:
+                        break
+                    if request is _END:
+                        ended = True
+                        break
+                    self._in_engine.add(request.id)
+                    core.add(request)
+                stopping = self._stopping | feed.aborted()
+                if stopping - sent_aborts:
+                    core.abort(stopping - sent_aborts)
+                sent_aborts = stopping
+                if core.broken:
+                    return
+                if not core.has_unfinished:
+                    if ended:
+                        return
+                    wake.wait(IDLE_POLL_SECONDS * 10)
+                    continue
+                yield from core.step(wait=IDLE_POLL_SECONDS, interrupt=interrupt)
+        finally:
+            if core.broken:
+                # Not one request: the engine itself is broken. Stop; whatever is still
+                # held goes back to the queue and its attempts already count.
+                self.engine_broken = True
+            elif self._in_engine:
+                # The loop was left early: what this run added is its own to hand back, so
+                # the engine stops it (its aborted results reach no later run's items).
+                core.abort(set(self._in_engine))
+
     def _prepare_loop(
-        self, ahead: _Ahead, results: queue.Queue[Any], over: Any, first: Any = None
+        self, ready: _Ready, results: queue.Queue[Any], over: Any, first: Any = None
     ) -> None:
         """`first`: the group `threaded` claimed already (None: nothing was left to claim),
         or `_UNCLAIMED`."""
@@ -307,14 +339,14 @@ class EngineRun:
         # Claim only what the queue can take, once it has room for half a group: an item
         # claimed while the queue is full waits in this worker, not on the engine, and a
         # worker that dies takes its claims with it until its leases are recovered (a queue
-        # and a group ahead of a full engine were 48 items to re-run behind the others).
-        want = max(1, min(self.group_size, ahead.maxsize) // 2)
+        # and a group ready of a full engine were 48 items to re-run behind the others).
+        want = max(1, min(self.group_size, ready.maxsize) // 2)
         try:
             last_poll = 0.0
             group = first
             while not over.is_set():
                 if group is _UNCLAIMED:
-                    room = ahead.room(want, timeout=STOPPING_POLL_SECONDS)
+                    room = ready.room(want, timeout=STOPPING_POLL_SECONDS)
                     if room < want:
                         last_poll = self._poll_stopping(last_poll)
                         continue
@@ -343,13 +375,13 @@ class EngineRun:
                         continue
                     while not over.is_set():
                         try:
-                            ahead.put(p.request, timeout=STOPPING_POLL_SECONDS)
+                            ready.put(p.request, timeout=STOPPING_POLL_SECONDS)
                             break
                         except queue.Full:
                             last_poll = self._poll_stopping(last_poll)
                 group = _UNCLAIMED
                 last_poll = self._poll_stopping(last_poll)
-            ahead.put(_END)
+            ready.put(_END)
             ended = True
             while not over.wait(STOPPING_POLL_SECONDS):
                 last_poll = self._poll_stopping(last_poll)
@@ -357,7 +389,7 @@ class EngineRun:
             if not ended:  # whatever went wrong, the engine must not wait for more
                 while not over.is_set():
                     try:
-                        ahead.put(_END, timeout=STOPPING_POLL_SECONDS)
+                        ready.put(_END, timeout=STOPPING_POLL_SECONDS)
                         break
                     except queue.Full:
                         pass
@@ -431,25 +463,17 @@ class EngineRun:
                 connection.close()
 
 
-class _Ahead(queue.Queue[Any]):
-    """The prepared requests waiting for the engine, a bounded queue; interactive requests
-    (`put_first`) go ahead of every batch row and are never refused for room."""
+class _Ready(queue.Queue[Any]):
+    """The prepared batch requests waiting for the engine loop, a bounded queue; each put
+    sets `wake`, which the engine loop waits on when it holds nothing."""
 
-    def _init(self, maxsize: int) -> None:
-        super()._init(maxsize)
-        self.first: deque[Any] = deque()
+    def __init__(self, maxsize: int, wake: threading.Event) -> None:
+        super().__init__(maxsize)
+        self.wake = wake
 
-    def _qsize(self) -> int:
-        return len(self.queue) + len(self.first)
-
-    def _get(self) -> Any:
-        return self.first.popleft() if self.first else self.queue.popleft()
-
-    def put_first(self, item: Any) -> None:
-        with self.mutex:
-            self.first.append(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
+    def _put(self, item: Any) -> None:
+        super()._put(item)
+        self.wake.set()
 
     def room(self, want: int, *, timeout: float) -> int:
         """The free places, once there are at least `want` or `timeout` has passed."""

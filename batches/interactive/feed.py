@@ -1,8 +1,9 @@
-"""The worker's side: interactive requests of one engine key, fed into the engine's source.
+"""The worker's side: interactive requests of one engine key, added to the run's engine.
 
 A run of the execution pipeline (batches.execution.pipeline) starts one feed for its key. Its
 thread pops the key's request channel, renders and tokenizes each request with the engine's
-tokenizer, and hands it to the run to be pulled before any queued batch row; results (and
+tokenizer, and adds it to the run's engine at once, from its own thread (the engine's
+scheduler admits it before any batch request, parking batch rows when none is free); results (and
 partial text) go back on the request's reply channel, and are metered and settled here
 (batches.interactive.settle), so a web process that went away costs no money.
 
@@ -74,7 +75,8 @@ def completion_id(request_id: str) -> str:
 
 
 class InteractiveFeed:
-    """Interactive requests of `key` for one run; `put_first` queues one ahead of batch."""
+    """Interactive requests of `key` for one run; `submit` adds one to the run's engine (whose
+    scheduler puts it ahead of batch). `engine_rows()`: the batch rows the engine holds."""
 
     def __init__(
         self,
@@ -84,14 +86,14 @@ class InteractiveFeed:
         context_length: int,
         max_rows: int,
         engine_rows: Callable[[], int],
-        put_first: Callable[[GenerationRequest], None],
+        submit: Callable[[GenerationRequest], None],
     ) -> None:
         self.key = key
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.max_rows = max_rows
         self.engine_rows = engine_rows
-        self.put_first = put_first
+        self.submit = submit
         self.channels = channels()
         self.reporter = worker_id()
         self._lock = threading.Lock()
@@ -288,7 +290,7 @@ class InteractiveFeed:
         self._take(submitted)
 
     def _report(self) -> None:
-        free = max(0, self.max_rows - self.engine_rows())
+        free = max(0, self.max_rows - self.engine_rows() - self.rows())
         self.channels.flag(feed_alive_flag(self.reporter), ttl=FEED_ALIVE_TTL_SECONDS)
         self.channels.gauge(headroom_gauge(self.key), self.reporter, free, ttl=HEADROOM_TTL_SECONDS)
         with self._lock:
@@ -357,7 +359,7 @@ class InteractiveFeed:
                     )
         self.taken += 1
         self._reply(submitted, "taken", worker=self.reporter)
-        self.put_first(request)
+        self.submit(request)
 
     def _reply(self, submitted: Submitted, kind: str, **fields: Any) -> bool:
         """Push one reply; whether it reached the broker."""

@@ -22,6 +22,7 @@ request that kills a step is isolated there, next to the engine, not across the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping
@@ -59,6 +60,8 @@ class Contained:
         self.broken = False
         self._alone_aborted = alone_aborted
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # one verb at a time on the engine
+        self._knocks = 0  # verbs waiting for their turn
         self._in_engine: dict[str, GenerationRequest] = {}  # pulled, not answered
         self._streamed: dict[str, dict[int, str]] = {}  # partial text yielded, by choice
 
@@ -77,39 +80,64 @@ class Contained:
     def clear_prefix_cache(self) -> None:
         self.engine.clear_prefix_cache()
 
-    def holding(self) -> bool:
-        """Whether the engine holds a request it has not answered (pulled, no result yet)."""
-        with self._lock:
-            return bool(self._in_engine)
-
     # -- the verbs: an engine core (engine.py) with its failures contained -------------------
+    # Safe from several threads (the worker's feed adds interactive requests while the run's
+    # loop steps): one verb at a time on the engine, and a decoding run gives way to an `add`
+    # or `abort` waiting for its turn.
+
+    @property
+    def credit(self) -> int:
+        return self.engine.credit
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.engine.has_unfinished)  # type: ignore[attr-defined]
+        return bool(self.engine.has_unfinished)
 
     def add(self, request: GenerationRequest) -> None:
         with self._lock:
             self._in_engine[request.id] = request
-        self.engine.add(request)  # type: ignore[attr-defined]
+        with self._knocking():
+            self.engine.add(request)
 
     def abort(self, request_ids: Collection[str]) -> None:
         """Their results (aborted) come out of the next `step`."""
-        self.engine.abort(request_ids)  # type: ignore[attr-defined]
+        with self._knocking():
+            self.engine.abort(request_ids)
 
-    def step(self, **options: Any) -> list[GenerationResult | PartialResult]:
+    def step(
+        self, *, wait: float = 0.0, interrupt: Callable[[], bool] | None = None
+    ) -> list[GenerationResult | PartialResult]:
         """The engine's `step`; when it raises, the requests it had in flight run alone (see
         the module doc) and their results are this step's. Sets `broken` as `generate` does."""
         engine: Any = self.engine
-        try:
-            outputs: list[GenerationResult | PartialResult] = engine.step(**options)
-        except Exception as exc:
-            logger.error("engine step failed, isolating its requests: %s", exception_trace(exc))
-            outputs = self._isolate(engine.reset())
-        else:
-            for output in outputs:
-                self._note(output)
+        knocked = None
+        if interrupt is not None:
+
+            def knocked() -> bool:
+                return self._knocks > 0 or interrupt()
+
+        with self._turn:
+            try:
+                outputs: list[GenerationResult | PartialResult] = engine.step(
+                    wait=wait, interrupt=knocked
+                )
+            except Exception as exc:
+                logger.error("engine step failed, isolating its requests: %s", exception_trace(exc))
+                return self._isolate(engine.reset())
+        for output in outputs:
+            self._note(output)
         return outputs
+
+    @contextlib.contextmanager
+    def _knocking(self) -> Iterator[None]:
+        with self._lock:
+            self._knocks += 1
+        try:
+            with self._turn:
+                yield
+        finally:
+            with self._lock:
+                self._knocks -= 1
 
     def _isolate(
         self, unstarted: list[GenerationRequest]

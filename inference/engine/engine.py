@@ -173,25 +173,31 @@ class Engine:
     def step(
         self,
         *,
-        plan_ahead: bool = False,
         interrupt: Callable[[], bool] | None = None,
         run_seconds: float = math.inf,
+        wait: float = 0.0,
     ) -> list[GenerationResult | PartialResult]:
-        """Admit what fits and, when something is in flight, run one step: or, with
-        `plan_ahead` (nothing will be added before rows free up), a decoding run of up to
-        MAX_RUN_STEPS when its plan is known (runs.py), ended early by `interrupt()` or
-        after `run_seconds`. Returns the outputs of `add` and `abort` since the last step,
-        then the requests whose admission failed (internal_error), then the step's partial
-        texts, finished results and failed requests."""
+        """Admit what fits and, when something is in flight, run one step: or, given
+        `interrupt`, a decoding run of up to MAX_RUN_STEPS when its plan is known (runs.py),
+        ended early by `interrupt()` (something new came for the engine) or after
+        `run_seconds`. Returns the outputs of `add` and `abort` since the last step, then the
+        requests whose admission failed (internal_error), then the step's partial texts,
+        finished results and failed requests. `wait` is the protocol's (protocol.py): an
+        engine in this process computes, it never waits."""
         scheduler = self._scheduler
         self._step_seconds = 0.0
         for owner in scheduler.admit():
             self._outbox.append(_empty_result(owner, error=ERROR_INTERNAL))
         if scheduler.running:
-            self._outbox.extend(self._step_running(plan_ahead, interrupt, run_seconds))
+            self._outbox.extend(self._step_running(interrupt, run_seconds))
         if not scheduler.holding:
             scheduler.rest()  # idle: a step cut by out-of-memory, and pacing, start afresh
         return self._drain()
+
+    @property
+    def credit(self) -> int:
+        """Requests to add ahead of their results: the rows (more only wait in the queue)."""
+        return self.max_batch_size
 
     @property
     def has_unfinished(self) -> bool:
@@ -227,17 +233,17 @@ class Engine:
         return unstarted
 
     def _step_running(
-        self, plan_ahead: bool, interrupt: Callable[[], bool] | None, run_seconds: float
+        self, interrupt: Callable[[], bool] | None, run_seconds: float
     ) -> list[GenerationResult | PartialResult]:
         scheduler = self._scheduler
         began = time.perf_counter()
         with torch.inference_mode():
-            run = self._plan_run(scheduler) if self._runs and plan_ahead else None
-            if run is None:
+            run = self._plan_run(scheduler) if self._runs and interrupt is not None else None
+            if run is None or interrupt is None:
                 stepped, advanced, finished, failed = self._step(scheduler)
             else:
                 stepped, advanced, finished, failed = self._run(
-                    scheduler, run, budget=run_seconds, urgent=interrupt
+                    scheduler, run, budget=run_seconds, interrupt=interrupt
                 )
         spent = self._step_seconds = self._account(began, stepped)
         if scheduler.last_paced is not None:
@@ -318,7 +324,9 @@ class Engine:
                 budget = self.abort_poll_seconds - work_since_poll if aborted else math.inf
                 # The source would not be asked before rows free up: plan ahead.
                 plan_ahead = exhausted or in_use >= self.max_batch_size
-                yield from self.step(plan_ahead=plan_ahead, interrupt=urgent, run_seconds=budget)
+                yield from self.step(
+                    interrupt=(urgent or _never) if plan_ahead else None, run_seconds=budget
+                )
                 work_since_poll += self._step_seconds
                 if exhausted and not scheduler.holding:
                     return
@@ -447,10 +455,10 @@ class Engine:
         run: DecodeRun,
         *,
         budget: float,
-        urgent: Callable[[], bool] | None,
+        interrupt: Callable[[], bool],
     ) -> tuple[list[Sequence], list[Sequence], list[Sequence], Failed]:
         """Take a run's steps until it ends (runs.py): its last step, a row's end-of-sequence
-        token, `urgent()`, or `budget` seconds (the abort poll). Then the steps before the
+        token, `interrupt()`, or `budget` seconds (the abort poll). Then the steps before the
         last are recorded in bulk (no row can end in them) and the last as a single step's
         are. A step that raises ends the run before it: the next single step runs it again,
         and finds the request it belongs to there (runner.run)."""
@@ -459,7 +467,7 @@ class Engine:
         try:
             while len(run.tokens) < run.steps:
                 tokens = run.step()
-                if not eos.isdisjoint(tokens) or (urgent is not None and urgent()):
+                if not eos.isdisjoint(tokens) or interrupt():
                     break
                 if time.perf_counter() - began >= budget:
                     break
@@ -554,6 +562,10 @@ class Engine:
             logprobs=seq.sampling.logprobs,  # hook (chat surface): recorded by sample()
         )
         return reason
+
+
+def _never() -> bool:
+    return False
 
 
 def _empty_result(

@@ -173,15 +173,33 @@ class EngineProcess:
         with self._lock:
             return bool(self._unanswered)
 
-    def step(self, timeout: float = 0.0) -> list[GenerationResult | PartialResult]:
-        """The outputs the child has sent, waiting up to `timeout` for the first. Raises
-        EngineProcessError when the child died; sets `broken` when its engine broke."""
+    def step(
+        self, *, wait: float = 0.0, interrupt: Callable[[], bool] | None = None
+    ) -> list[GenerationResult | PartialResult]:
+        """The outputs the child has sent, waiting up to `wait` seconds for the first (the
+        child steps on its own, and ends a decoding run itself when a message comes: no
+        `interrupt` is needed). Sets `broken` when its engine broke or the child died (then
+        closed); what was not answered is the caller's to hand back."""
         outputs: list[GenerationResult | PartialResult] = []
-        kind, payload = self._receive(timeout, idle_ok=True)
+        if self.broken:
+            return outputs
+        try:
+            self._collect(outputs, wait)
+        except EngineProcessError as exc:
+            logger.error("engine process %s died: %s", self.pid, exc)
+            self.broken = True
+            self.close()
+        if self.broken:
+            with self._lock:
+                self._unanswered.clear()
+        return outputs
+
+    def _collect(self, outputs: list[GenerationResult | PartialResult], wait: float) -> None:
+        kind, payload = self._receive(wait, idle_ok=True)
         while kind != "idle":
             if kind == "broken":
                 self.broken = True
-                break
+                return
             with self._lock:
                 dropped = payload.id in self._dropped
                 if kind == "result":
@@ -191,11 +209,10 @@ class EngineProcess:
                 outputs.append(payload)
             try:
                 if not self._from_child.poll(0):
-                    break
+                    return
                 kind, payload = self._from_child.recv()
             except (EOFError, OSError, ValueError) as exc:  # the child's end is gone
                 raise EngineProcessError(self._death()) from exc
-        return outputs
 
     # -- the pull loop -----------------------------------------------------------------------
 
@@ -227,24 +244,17 @@ class EngineProcess:
                     if ids:
                         sent_abort |= ids
                         self.abort(ids)
-                for output in self.step(_POLL_SECONDS):
+                for output in self.step(wait=_POLL_SECONDS):
                     if isinstance(output, GenerationResult):
                         feeding.answered(output.id)
                         credit.release()
                     yield output
-                if self.broken:
+                if self.broken or feeding.over():
                     clean = True
                     return
-                if feeding.over():
-                    clean = True
-                    return
-        except EngineProcessError as exc:
-            logger.error("engine process %s died: %s", self.pid, exc)
-            self.broken = True
-            self.close()
         finally:
             left = feeding.stop()
-            if not clean and not self.broken and left:
+            if not clean and left:
                 # The caller stopped mid-run: what it left in the child is aborted there,
                 # and its results (aborted) are dropped when they come.
                 with self._lock:
@@ -252,9 +262,6 @@ class EngineProcess:
                 self._outgoing.put(("abort", sorted(left)))
             if feeder.is_alive():
                 feeder.join(timeout=_POLL_SECONDS * 2)
-            if self.broken:
-                with self._lock:
-                    self._unanswered.clear()
 
     def _feed(
         self, requests: Iterable[GenerationRequest], credit: _Credit, feeding: _Feeding

@@ -189,7 +189,7 @@ def _serve(engine: Any, pipe: Any, outbox: Any, channel: Any = None) -> None:
             continue
         if leader is not None:
             leader.command(("step",))
-        for output in core.step(plan_ahead=True, interrupt=inbox.waiting):
+        for output in core.step(interrupt=inbox.waiting):
             if isinstance(output, PartialResult):
                 sent = _send(outbox, ("partial", output))
             else:

@@ -4,7 +4,9 @@ engine in a child process (`EngineProcess`, process.py), the containment wrapper
 (inference/demo/fake_engine.py).
 
 The worker's pipeline (batches/execution/) reads these and nothing else, so it never has to
-ask an engine what it is. No torch here: the web tier may import it.
+ask an engine what it is. Its run drives the verbs (`add`, `abort`, `step`), as vLLM's engine
+core is driven; `generate` is a loop over them for callers that pull from a list. No torch
+here: the web tier may import it.
 """
 
 from __future__ import annotations
@@ -37,20 +39,44 @@ class GenerationEngine(Protocol):
     def broken(self) -> bool:
         """Set when the engine as a whole failed: it is not to be used again."""
 
+    @property
+    def credit(self) -> int:
+        """Requests to add ahead of their results (interactive ones go past it): the rows, or
+        more for an engine in another process, so that ready requests wait where it steps."""
+
+    @property
+    def has_unfinished(self) -> bool:
+        """Whether a request added has no result yet (or one waits for the next `step`)."""
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a request; its result comes out of a later `step`. Interactive requests
+        (priority > 0) go ahead of batch ones. Safe from another thread than `step`'s."""
+
+    def abort(self, request_ids: Collection[str]) -> None:
+        """Stop the requests held with these ids; their results (aborted=True) come out of a
+        later `step`. Ids not held are ignored."""
+
+    def step(
+        self, *, wait: float = 0.0, interrupt: Callable[[], bool] | None = None
+    ) -> list[GenerationResult | PartialResult]:
+        """Outputs since the last step: partial texts of streaming requests, results and
+        refusals. An engine in this process runs a step for them (given `interrupt`, maybe a
+        decoding run of several, ended when `interrupt()` says something new came); one in
+        another process waits up to `wait` seconds for what it sends."""
+        ...
+
     def generate(
         self,
         requests: Iterable[GenerationRequest],
         /,
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-        urgent: Callable[[], bool] | None = None,
     ) -> Iterator[GenerationResult | PartialResult]:
-        """Results as they finish, pulling requests lazily (they may yield NOT_READY);
-        requests whose id `aborted()` returns end with aborted=True. Streaming requests
-        (`stream=True`) also get a PartialResult per step with their new text. `urgent()`:
-        whether the source's next request is interactive, which a full engine still pulls
-        (it takes its row from a batch sequence)."""
+        """A loop over the verbs: results as they finish, pulling requests from `requests`
+        as room frees up; requests whose id `aborted()` returns end with aborted=True.
+        Streaming requests (`stream=True`) also get a PartialResult per step with their new
+        text."""
         ...
 
     def clear_prefix_cache(self) -> None:
-        """Forget the cached keys and values of finished requests (not during `generate`)."""
+        """Forget the cached keys and values of finished requests (while nothing is held)."""

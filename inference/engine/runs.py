@@ -12,9 +12,10 @@ when it ends (engine.py).
 
 A run ends at its last step, at the first step in which a row samples an end-of-sequence token
 (its steps are chosen so that no row reaches its `max_new_tokens` before the last), and when
-the engine must look at its source or its aborts (an interactive request is urgent, the abort
-poll is due). The steps a run takes are the steps the engine would have taken one at a time,
-with the same layout and shapes: the same tokens (tests/inference/test_engine_runs.py).
+the engine must look at what came for it (its caller's `interrupt()`: an interactive
+request, an abort, a batch request with a row free) or the abort poll is due. The steps a
+run takes are the steps the engine would have taken one at a time, with the same layout and
+shapes: the same tokens (tests/inference/test_engine_runs.py).
 """
 
 from __future__ import annotations

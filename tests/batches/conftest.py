@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -100,16 +100,14 @@ class RecordingFake(FakeEngine):
         self.told: set[str] = set()
         self.freed: list[str] = []
 
-    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
-        def asked() -> Collection[str]:
-            ids = set(aborted()) if aborted is not None else set()
-            self.told |= ids
-            return ids
+    def abort(self, request_ids: Any) -> None:
+        self.told |= set(request_ids)
+        super().abort(request_ids)
 
-        for result in super().generate(requests, aborted=asked):
-            if isinstance(result, GenerationResult) and result.aborted:
-                self.freed.append(result.id)
-            yield result
+    def step(self, **options: Any) -> list[Any]:
+        outputs = super().step(**options)
+        self.freed += [o.id for o in outputs if isinstance(o, GenerationResult) and o.aborted]
+        return outputs
 
 
 @pytest.fixture

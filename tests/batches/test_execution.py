@@ -442,7 +442,6 @@ def test_a_worker_claims_no_more_than_its_engine_and_queue_take(api: Api, catalo
     # dies takes them with it until its leases are recovered: the prepare stage claims only
     # what the engine's queue has room for (before: one more whole group on top of it).
     from inference.demo.fake_engine import FakeEngine
-    from inference.engine.types import NOT_READY
 
     settings.EXECUTION_CLAIM_GROUP = 4
     data = submit(api, rows(24, max_tokens=3), key="bounded-claims")
@@ -451,16 +450,10 @@ def test_a_worker_claims_no_more_than_its_engine_and_queue_take(api: Api, catalo
     pulled = 0
 
     class Counting(FakeEngine):
-        def generate(
-            self, requests: Any, *, aborted: Any = None, urgent: Any = None
-        ) -> Iterator[Any]:
-            def counted() -> Iterator[Any]:
-                nonlocal pulled
-                for request in requests:
-                    pulled += request is not NOT_READY
-                    yield request
-
-            return super().generate(counted(), aborted=aborted)
+        def add(self, request: Any) -> None:
+            nonlocal pulled
+            pulled += 1
+            super().add(request)
 
     fake = Counting(
         real.tokenizer, context_length=revision.context_length, max_batch_size=4, step_seconds=0.02

@@ -52,7 +52,7 @@ def feed(key: EngineKey, taken: list[GenerationRequest], settings) -> Iterator[I
         context_length=64,
         max_rows=4,
         engine_rows=lambda: 0,
-        put_first=taken.append,
+        submit=taken.append,
     )
     yield feed
     feed.stop()

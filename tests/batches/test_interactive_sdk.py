@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Collection, Iterator
 from typing import Any
 
 import httpx2
@@ -23,7 +22,6 @@ from boardwalk.metrics import labels_text
 from boardwalk.services import api_key_create
 from inference import runtime
 from inference.demo.fake_engine import WORD, FakeEngine
-from inference.engine.types import NOT_READY, GenerationResult
 from tests.batches.test_interactive_metrics import samples
 from tests.batches.test_openai_sdk import ANSWER_FORMAT, LOOKUP_TOOL
 from tests.conftest import Tenant
@@ -276,40 +274,32 @@ def test_a_closed_stream_aborts_its_request_and_frees_its_rows(
     assert (after.balance, after.held) == (before.balance - expected, before.held)
 
 
-class UrgentRecordingFake(FakeEngine):
-    """The fake engine, recording whether the run ever said an interactive request waits
-    ahead of the batch rows (a full real engine then gives it a batch sequence's row)."""
+class AddRecordingFake(FakeEngine):
+    """The fake engine, recording how many batch rows it held when an interactive request
+    was added to it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.urgent_seen = False
-        self.rows_in_flight = 0
+        self.batch_rows_at_interactive: list[int] = []
 
-    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None) -> Iterator[Any]:
-        def pulled() -> Iterator[Any]:
-            for request in requests:
-                if request is not NOT_READY:
-                    self.rows_in_flight += 1
-                yield request
+    def batch_rows(self) -> int:
+        with self._lock:
+            return sum(1 for r in self._rows.values() if r[0].priority <= 0)
 
-        def asked() -> Collection[str]:
-            self.urgent_seen |= bool(urgent is not None and urgent())
-            return aborted() if aborted is not None else ()
-
-        for result in super().generate(pulled(), aborted=asked):
-            if isinstance(result, GenerationResult):
-                self.rows_in_flight -= 1
-            yield result
+    def add(self, request: Any) -> None:
+        if request.priority > 0:
+            self.batch_rows_at_interactive.append(self.batch_rows())
+        super().add(request)
 
 
-def test_an_interactive_request_behind_a_full_engine_is_marked_urgent(
+def test_an_interactive_request_behind_a_full_engine_reaches_it_at_once(
     client, priced, api, in_process_worker
 ):
     from tests.batches.conftest import rows, submit
 
     revision = priced.revision
     real = runtime.engine_for(revision)
-    fake = UrgentRecordingFake(
+    fake = AddRecordingFake(
         real.tokenizer,
         context_length=revision.context_length,
         max_batch_size=1,  # one batch row fills it
@@ -320,15 +310,17 @@ def test_an_interactive_request_behind_a_full_engine_is_marked_urgent(
     try:
         submit(api, rows(1, max_tokens=60))
         deadline = time.monotonic() + 60
-        while fake.rows_in_flight == 0 and time.monotonic() < deadline:
+        while fake.batch_rows() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert fake.rows_in_flight == 1  # the batch row holds the engine's only row
+        assert fake.batch_rows() == 1  # the batch row holds the engine's only row
         client.chat.completions.create(
             model="boardwalk/tiny-chat", messages=MESSAGES, max_completion_tokens=2
         )
     finally:
         runtime._engines[revision.id] = real
-    assert fake.urgent_seen
+    # Added while the batch row was in flight, not queued behind it: the engine's scheduler
+    # gives it the row first (a real engine parks the batch sequence).
+    assert fake.batch_rows_at_interactive == [1]
 
 
 CONTENT_MARKER = "PLAINTEXT-MARKER-do-not-send"

@@ -132,7 +132,7 @@ def _feed(accepted: Any, tokenizer: Any, replies: list[tuple[str, dict[str, Any]
         context_length=64,
         max_rows=4,
         engine_rows=lambda: 0,
-        put_first=lambda request: None,
+        submit=lambda request: None,
     )
     submitted = accepted.submitted
     feed._inflight[submitted.generation_id] = submitted

@@ -689,19 +689,10 @@ def test_prefix_cache_outlives_its_request_and_can_be_turned_off(model, tokenize
     assert later.choices[0].token_ids == fresh.choices[0].token_ids == reference(model, other, 6)
 
 
-@pytest.mark.parametrize("kind", ["engine", "fake"])
-def test_a_source_with_nothing_ready_lets_the_engine_step_what_it_holds(
-    kind: str, model, tokenizer
-) -> None:
+def test_a_source_with_nothing_ready_lets_the_engine_step_what_it_holds(model, tokenizer) -> None:
     """NOT_READY: the engine steps its held request and asks again, so the first request
     finishes while the source still has nothing for it; then the source ends normally."""
-    from inference.demo.fake_engine import FakeEngine
-
-    engine = (
-        Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
-        if kind == "engine"
-        else FakeEngine(tokenizer, context_length=2048, max_batch_size=4, step_seconds=0.001)
-    )
+    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
     first = GenerationRequest("a", prompt(tokenizer, "Hi."), greedy(6))
     second = GenerationRequest("b", prompt(tokenizer, "Why?"), greedy(6))
     finished: list[str] = []
