@@ -5,7 +5,8 @@
 
 Drives the in-process `Engine` directly on the bench model (built once under var/models, no
 download), 32 rows, as a worker would: interactive requests (priority 1, streamed, 32 tokens,
-greedy) arrive at a fixed Poisson rate and are pulled ahead of batch rows (`urgent`); the batch
+greedy) arrive at a fixed Poisson rate and are added as they come (the engine's scheduler puts
+them ahead of batch rows, and a decoding run gives way to them); the batch
 backlog is 2,000 rows (prompts of 8 to 160 words, 16 to 128 tokens each, from a fixed RNG).
 Each phase runs for `--seconds`:
 
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 
 from benchmarks.engine import build_engine, load_engine_builder, make_requests  # noqa: E402
 from inference.demo.model import build_demo_model  # noqa: E402
-from inference.engine import NOT_READY, GenerationRequest, load_model  # noqa: E402
+from inference.engine import GenerationRequest, load_model  # noqa: E402
 from inference.engine.types import PartialResult, SamplingParams  # noqa: E402
 
 ROWS = 32
@@ -101,62 +102,87 @@ def run_phase(
     arrivals: list[tuple[float, Any]],
     seconds: float,
     *,
-    with_urgent: bool = True,
+    pulled: bool = False,
 ) -> Phase:
     """Batch rows from `batch` for `seconds`, and every arrival in `arrivals` (waited for
-    after the window); the engine is closed once both are done."""
+    after the window), driven as the worker's run drives the engine: batch rows added while
+    rows are free, each interactive request added when it arrives (a decoding run gives way
+    to it: the step's `interrupt`). What is held when both are done is dropped. `pulled`: an
+    older engine package (`--old-engine`), batch alone through its `generate`."""
+    if pulled:
+        return _pulled_phase(engine, batch, seconds)
     phase = Phase()
     pending = list(arrivals)
     rows = iter(batch)
     began = time.perf_counter()
     arrived: dict[str, float] = {}
     first: dict[str, float] = {}
-    held = 0
 
     def due() -> bool:
         return bool(pending) and began + pending[0][0] <= time.perf_counter()
 
-    def source() -> Iterator[GenerationRequest]:
-        nonlocal held
+    try:
         while True:
-            now = time.perf_counter()
-            if due():
+            while due():
                 at, request = pending.pop(0)
                 arrived[request.id] = began + at
-                held += 1
-                yield request
-            elif now - began < seconds and (request := next(rows, None)) is not None:
-                held += 1
-                yield request
-            elif not pending:
-                return
-            elif held:
-                yield NOT_READY
-            else:
-                time.sleep(max(0.0, began + pending[0][0] - now))
-
-    options: dict[str, Any] = {"urgent": due} if with_urgent else {}
-    stream = engine.generate(source(), **options)
-    try:
-        for item in stream:
-            now = time.perf_counter()
-            if isinstance(item, PartialResult):
-                first.setdefault(item.id, now)
+                engine.add(request)
+            while time.perf_counter() - began < seconds and engine.rows_in_use < ROWS:
+                request = next(rows, None)
+                if request is None:
+                    break
+                engine.add(request)
+            if not engine.has_unfinished:
+                if not pending:
+                    break
+                time.sleep(max(0.0, began + pending[0][0] - time.perf_counter()))
                 continue
-            # (the old engine's results are its own package's class)
-            assert item.error is None, item
-            held -= 1
-            if item.id.startswith("i"):
-                first.setdefault(item.id, now)
-            elif now - began <= seconds:
-                phase.batch_tokens += item.completion_tokens
-            if now - began >= seconds and not pending and set(first) >= set(arrived):
+            for item in engine.step(interrupt=due):
+                now = time.perf_counter()
+                if isinstance(item, PartialResult):
+                    first.setdefault(item.id, now)
+                    continue
+                assert item.error is None, item
+                if item.id.startswith("i"):
+                    first.setdefault(item.id, now)
+                elif now - began <= seconds:
+                    phase.batch_tokens += item.completion_tokens
+            over = time.perf_counter() - began >= seconds
+            if over and not pending and set(first) >= set(arrived):
                 break
     finally:
-        stream.close()
+        engine.reset()
     phase.seconds = seconds
     phase.ttft = [first[i] - arrived[i] for i in arrived if i in first]
     phase.unanswered = len(arrived) - len(phase.ttft)
+    return phase
+
+
+def _pulled_phase(engine: Any, batch: list[GenerationRequest], seconds: float) -> Phase:
+    """Batch alone on an engine that pulls from a source (`generate`)."""
+    phase = Phase()
+    began = time.perf_counter()
+
+    def source() -> Iterator[GenerationRequest]:
+        for request in batch:
+            if time.perf_counter() - began >= seconds:
+                return
+            yield request
+
+    stream = engine.generate(source())
+    try:
+        for item in stream:
+            now = time.perf_counter()
+            if now - began > seconds:
+                break
+            # (the old engine's results are its own package's class)
+            if not hasattr(item, "completion_tokens"):
+                continue
+            assert item.error is None, item
+            phase.batch_tokens += item.completion_tokens
+    finally:
+        stream.close()
+    phase.seconds = seconds
     return phase
 
 
@@ -221,7 +247,7 @@ def main() -> None:
     rates: list[float] = []
     for r in range(args.rounds):
         for kind in engines:
-            phase = run_phase(build(kind), rows, [], args.seconds, with_urgent=kind == "new")
+            phase = run_phase(build(kind), rows, [], args.seconds, pulled=kind == "old")
             alone[kind].append(phase.batch_tok_s)
         rate = max(args.load * alone["new"][-1] / CHAT_TOKENS, 1 / args.seconds)
         rates.append(rate)

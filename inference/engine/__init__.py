@@ -4,7 +4,6 @@ from typing import Any
 
 from .config import EngineConfig
 from .types import (
-    NOT_READY,
     Choice,
     GenerationRequest,
     GenerationResult,
@@ -26,7 +25,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "NOT_READY",
     "Choice",
     "Engine",
     "EngineConfig",

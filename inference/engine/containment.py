@@ -33,7 +33,6 @@ from boardwalk.logs import exception_trace
 from .protocol import GenerationEngine
 from .types import (
     ERROR_INTERNAL,
-    NOT_READY,
     GenerationRequest,
     GenerationResult,
     PartialResult,
@@ -169,19 +168,17 @@ class Contained:
         source: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-        urgent: Callable[[], bool] | None = None,
     ) -> Iterator[GenerationResult | PartialResult]:
         def tracked() -> Iterator[GenerationRequest]:
             for request in source:
-                if request is not NOT_READY:
-                    with self._lock:
-                        self._in_engine[request.id] = request
+                with self._lock:
+                    self._in_engine[request.id] = request
                 yield request
 
         feed = tracked()
         while True:
             try:
-                for result in self._generate(feed, aborted, urgent):
+                for result in self.engine.generate(feed, aborted=aborted):
                     self._note(result)
                     yield result
                 return
@@ -232,18 +229,6 @@ class Contained:
             else:  # answered: nothing of it is a suspect any more
                 self._in_engine.pop(result.id, None)
                 self._streamed.pop(result.id, None)
-
-    def _generate(
-        self,
-        feed: Iterable[GenerationRequest],
-        aborted: Callable[[], Collection[str]] | None,
-        urgent: Callable[[], bool] | None,
-    ) -> Iterator[GenerationResult | PartialResult]:
-        """`urgent` reaches only an engine that takes it (the in-process and child ones)."""
-        generate: Any = self.engine.generate
-        if urgent is None:
-            return generate(feed, aborted=aborted)  # type: ignore[no-any-return]
-        return generate(feed, aborted=aborted, urgent=urgent)  # type: ignore[no-any-return]
 
 
 def _alone(

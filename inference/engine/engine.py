@@ -18,16 +18,16 @@ with `error="internal_error"`; the others go on. Out of memory in a step halves 
 tries again.
 
 Interactive requests (priority > 0) go ahead of batch ones and take their rows when none is
-free (scheduler.py); a full engine still pulls one when its source says one is next
-(`urgent`), and while it holds one it polls aborts at every step, so a client that went away
-frees its rows within a step. A streaming request (`stream`) gets each step's new text as a
-`PartialResult` before its result.
+free (scheduler.py: its waiting queue is ordered by priority, the one place "interactive
+first" is decided); while the engine holds one, its caller polls aborts at every step, so a
+client that went away frees its rows within a step. A streaming request (`stream`) gets each
+step's new text as a `PartialResult` before its result.
 
 The engine core has verbs, as vLLM's and nano-vllm's: `add` a request, `abort` ids, `step`
 (admit, run one step or one decoding run, and return the outputs since the last step), over one
-scheduler for the engine's life; `generate` is a loop over them that pulls from a source.
+scheduler for the engine's life; `generate` is a loop over them that pulls from a list.
 
-This module is the loop and the results: pulling requests, polling aborts, appending sampled
+This module is the verbs, that loop and the results: polling aborts, appending sampled
 tokens, stop strings (found in the text by decoding.py), busy-time shares. What it drives is in
 modules of their own: the state in flight (sequence.py), admission, each step's plan and
 preemption (scheduler.py), block tables and the prefix cache (blocks.py, the only code touching
@@ -59,7 +59,6 @@ from .types import (
     ERROR_INTERNAL,
     FINISH_LENGTH,
     FINISH_STOP,
-    NOT_READY,
     Choice,
     GenerationRequest,
     GenerationResult,
@@ -264,25 +263,21 @@ class Engine:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-        urgent: Callable[[], bool] | None = None,
     ) -> Iterator[GenerationResult | PartialResult]:
-        """Pulls requests lazily from `requests` as capacity frees up (continuous batching),
-        yields each result as soon as it finishes (not in input order). `requests` may yield
-        NOT_READY while this holds a request: nothing more now, step and ask again.
-
-        At most `max_batch_size` sequences (n per request) are in flight or waiting for
-        memory, except that while `urgent()` (polled before each step when the rows are
-        full) says the source's next request is interactive, it is pulled anyway and takes
-        rows from batch. `aborted()` is polled about every `abort_poll_seconds` of work, and
-        at every step while an interactive request is held; requests whose id it returns are
-        stopped and yielded with aborted=True. Invalid requests (context_length_exceeded,
+        """Pulls requests lazily from `requests` as rows free up (continuous batching),
+        yields each result as soon as it finishes (not in input order). At most
+        `max_batch_size` rows (n per request) are in flight or waiting for memory.
+        `aborted()` is polled about every `abort_poll_seconds` of work, and at every step
+        while an interactive request is held; requests whose id it returns are stopped and
+        yielded with aborted=True. Invalid requests (context_length_exceeded,
         invalid_request) are yielded immediately as error results. A request with `stream`
         also gets PartialResults, its new text after each step, before its result.
 
-        A loop over `add`, `abort` and `step`; what it holds is dropped (its blocks released)
-        when it ends, however it ends. One call at a time: a call started while another is
-        open (abandoned without being closed) takes the engine over, dropping what the other
-        held; the other must not be resumed.
+        A loop over `add`, `abort` and `step` for callers that pull from a list (tests,
+        benchmarks, a warm-up); the worker drives the verbs itself. What it holds is dropped
+        (its blocks released) when it ends, however it ends. One call at a time: a call
+        started while another is open (abandoned without being closed) takes the engine
+        over, dropping what the other held; the other must not be resumed.
         """
         source = iter(requests)
         self.reset()
@@ -307,15 +302,10 @@ class Engine:
                     yield from self._drain()
 
                 in_use = 0 if exhausted else self.rows_in_use
-                while not exhausted and (
-                    in_use < self.max_batch_size or (urgent is not None and urgent())
-                ):
-                    try:
-                        request = next(source)
-                    except StopIteration:
+                while not exhausted and in_use < self.max_batch_size:
+                    request = next(source, None)
+                    if request is None:
                         exhausted = True
-                        break
-                    if request is NOT_READY:  # step what is held; ask again after it
                         break
                     if self._queue(request, aborted=request.id in aborted_ids):
                         in_use += request.params.n
@@ -324,9 +314,7 @@ class Engine:
                 budget = self.abort_poll_seconds - work_since_poll if aborted else math.inf
                 # The source would not be asked before rows free up: plan ahead.
                 plan_ahead = exhausted or in_use >= self.max_batch_size
-                yield from self.step(
-                    interrupt=(urgent or _never) if plan_ahead else None, run_seconds=budget
-                )
+                yield from self.step(interrupt=_never if plan_ahead else None, run_seconds=budget)
                 work_since_poll += self._step_seconds
                 if exhausted and not scheduler.holding:
                     return

@@ -24,8 +24,8 @@ The parent has the same verbs (`add`, `abort`, `step`, which returns the outputs
 arrived) and `generate`, a loop over them that feeds a source at most `credit` requests ahead
 of their results, so a short queue of ready requests waits in the child's engine (it never
 waits on the pipe while the worker keeps up) and the rest wait, claimed, in the worker.
-Interactive requests (priority > 0) go past the credit while the run's `urgent()` says one is
-next; in the child the engine's scheduler puts them ahead of batch (scheduler.py). A call
+Interactive requests (priority > 0) go past the credit; in the child the engine's scheduler
+puts them ahead of batch (scheduler.py). A call
 abandoned by its caller aborts what it left in the child, whose results are then dropped.
 
 Threads: the child (process_child.py) has one, the engine's, which reads its pipe between
@@ -63,7 +63,6 @@ logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_SECONDS = 900.0  # loading a large model from a slow disk
 _POLL_SECONDS = 0.5  # how often a run checks the abort set and that the child lives
-_URGENT_POLL_SECONDS = 0.01  # how often a feeder out of credit asks whether one is urgent
 _SENDER_JOIN_SECONDS = 10.0  # the last messages reach a live child at once
 
 
@@ -221,15 +220,14 @@ class EngineProcess:
         requests: Iterable[GenerationRequest],
         *,
         aborted: Callable[[], Collection[str]] | None = None,
-        urgent: Callable[[], bool] | None = None,
     ) -> Iterator[GenerationResult | PartialResult]:
         """Results as the child yields them (in completion order), and the partials of
         streaming requests. Sets `broken` and returns early when the engine broke or the
-        child died; unanswered requests are the caller's to hand back. `urgent()`: whether
-        the source's next request is interactive (it is then sent past the credit)."""
+        child died; unanswered requests are the caller's to hand back. An interactive
+        request (priority > 0) is sent past the credit."""
         if self.broken:
             raise EngineProcessError("the engine process is broken")
-        credit = _Credit(self.credit, urgent)
+        credit = _Credit(self.credit)
         feeding = _Feeding()
         feeder = threading.Thread(
             target=self._feed, args=(requests, credit, feeding), name="engine-feed", daemon=True
@@ -394,27 +392,21 @@ class _Feeding:
 
 class _Credit:
     """Requests the child may hold without a result. When it is spent, an interactive request
-    goes past it, and so does a batch one while `urgent()` says an interactive one is next
-    (what was overdrawn comes back before any credit is given again)."""
+    goes past it (what was overdrawn comes back before any credit is given again)."""
 
-    def __init__(self, credit: int, urgent: Callable[[], bool] | None) -> None:
+    def __init__(self, credit: int) -> None:
         self._free = threading.Semaphore(credit)
-        self._urgent = urgent
         self._lock = threading.Lock()
         self._overdrawn = 0
 
     def acquire(self, timeout: float, *, interactive: bool) -> bool:
-        if self._urgent is None and not interactive:
-            return self._free.acquire(timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while not self._free.acquire(timeout=0 if interactive else _URGENT_POLL_SECONDS):
-            if interactive or (self._urgent is not None and self._urgent()):
-                with self._lock:
-                    self._overdrawn += 1
-                return True
-            if time.monotonic() >= deadline:
-                return False
-        return True
+        if self._free.acquire(timeout=0 if interactive else timeout):
+            return True
+        if interactive:
+            with self._lock:
+                self._overdrawn += 1
+            return True
+        return False
 
     def release(self) -> None:
         with self._lock:

@@ -16,12 +16,6 @@ ERROR_INVALID_REQUEST = ItemCode.INVALID_REQUEST
 # raised); the other requests in flight were not affected.
 ERROR_INTERNAL = ItemCode.INTERNAL_ERROR
 
-# What a request source may yield instead of a request: none is ready yet, but the source has
-# not ended. An engine then steps what it holds and asks again at its next step, instead of
-# waiting on the source with rows ready to step. A source yields it only while the engine
-# holds a request it has not answered (so an engine never spins on it).
-NOT_READY: Any = object()
-
 
 @dataclass(frozen=True)
 class ConstraintSpec:

@@ -60,7 +60,7 @@ class _Scripted:
         self.calls = 0
         self.closed: list[str] = []  # requests whose run alone was left before its end
 
-    def generate(self, requests: Any, *, aborted: Any = None, urgent: Any = None):
+    def generate(self, requests: Any, *, aborted: Any = None):
         self.calls += 1
         pulled = list(requests)
         alone = self.calls > 1

@@ -13,7 +13,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from inference.engine import (
-    NOT_READY,
     Engine,
     EngineConfig,
     GenerationRequest,
@@ -687,28 +686,3 @@ def test_prefix_cache_outlives_its_request_and_can_be_turned_off(model, tokenize
     assert later.cached_tokens >= 32
     assert fresh.cached_tokens == 0
     assert later.choices[0].token_ids == fresh.choices[0].token_ids == reference(model, other, 6)
-
-
-def test_a_source_with_nothing_ready_lets_the_engine_step_what_it_holds(model, tokenizer) -> None:
-    """NOT_READY: the engine steps its held request and asks again, so the first request
-    finishes while the source still has nothing for it; then the source ends normally."""
-    engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
-    first = GenerationRequest("a", prompt(tokenizer, "Hi."), greedy(6))
-    second = GenerationRequest("b", prompt(tokenizer, "Why?"), greedy(6))
-    finished: list[str] = []
-    asked_while_waiting = 0
-
-    def source() -> Iterator[GenerationRequest]:
-        nonlocal asked_while_waiting
-        yield first
-        while "a" not in finished and asked_while_waiting < 1000:
-            asked_while_waiting += 1
-            yield NOT_READY
-        yield second
-
-    for result in engine.generate(source()):
-        finished.append(result.id)
-        assert result.error is None and result.completion_tokens == 6
-
-    assert finished == ["a", "b"]
-    assert 1 <= asked_while_waiting < 1000  # asked once a step, not spun on

@@ -5,7 +5,6 @@ process too."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 
 from inference.engine import (
-    NOT_READY,
     Engine,
     EngineConfig,
     GenerationRequest,
@@ -29,10 +27,11 @@ pytestmark = pytest.mark.model
 
 
 class Arrivals:
-    """A source as the worker's: batch rows in order, interactive requests first once they
-    have arrived, NOT_READY while nothing is ready. Time is counted in the engine's asks (a
-    pull that finds nothing, or `urgent()`, which a full engine calls before each step): the
-    request of `later` (tick, request) arrives at that tick."""
+    """What comes for an engine, as the worker's run would add it: batch rows in order while
+    rows are free, interactive requests once they have arrived. Time is counted in ticks: one
+    each time the engine's step asks whether something came (`arrived`, its `interrupt`), or
+    when the engine holds nothing; the request of `later` (tick, request) arrives at that
+    tick."""
 
     def __init__(
         self,
@@ -49,25 +48,28 @@ class Arrivals:
         while self.later and self.later[0][0] <= self.ticks:
             self.interactive.append(self.later.pop(0)[1])
 
-    def urgent(self) -> bool:
+    def arrived(self) -> bool:
         self._tick()
         return bool(self.interactive)
 
-    def __iter__(self) -> Iterator[GenerationRequest]:
+    def drive(self, engine: Engine) -> Iterator[GenerationResult | PartialResult]:
+        """The engine's outputs until everything that came was answered."""
         while True:
-            if self.interactive:
-                yield self.interactive.popleft()
-            elif self.batch:
-                yield self.batch.popleft()
+            while self.interactive:
+                engine.add(self.interactive.popleft())
+            while self.batch and engine.rows_in_use < engine.max_batch_size:
+                engine.add(self.batch.popleft())
+            if engine.has_unfinished:
+                yield from engine.step(interrupt=self.arrived)
+                self._tick()
             elif self.later:
                 self._tick()
-                yield NOT_READY
             else:
                 return
 
 
 def results_of(engine: Engine, source: Arrivals) -> list[GenerationResult]:
-    items = list(engine.generate(source, urgent=source.urgent))
+    items = list(source.drive(engine))
     assert all(isinstance(r, GenerationResult) for r in items)
     return items  # type: ignore[return-value]
 
@@ -145,8 +147,8 @@ def test_an_interactive_request_takes_memory_from_batch_sequences(loaded) -> Non
         assert results[request.id].choices[0].token_ids == alone(engine, request)
 
 
-def test_a_batch_only_source_is_pulled_as_before(loaded) -> None:
-    """No interactive request: `urgent` never lets the engine pull past its rows."""
+def test_generate_never_pulls_past_its_rows(loaded) -> None:
+    """A caller that pulls from a list: the engine asks it for no more than its rows."""
     model, tokenizer = loaded
     engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=3))
     pulled = 0
@@ -157,7 +159,7 @@ def test_a_batch_only_source_is_pulled_as_before(loaded) -> None:
             pulled += 1
             yield GenerationRequest(str(i), prompt(tokenizer, "Hi " * i), greedy(3 + i % 3))
 
-    stream = engine.generate(source(), urgent=lambda: False)
+    stream = engine.generate(source())
     first = next(stream)
     assert pulled <= 3
     rest = list(stream)
@@ -260,20 +262,6 @@ def test_an_interactive_request_passes_the_batch_in_the_pipe_and_streams(
         for i in range(8)
     )
     chat = GenerationRequest("i", prompt(tokenizer, "Hello!"), greedy(8), priority=1, stream=True)
-    interactive: deque[GenerationRequest] = deque()
-    sent = False
-
-    def source() -> Iterator[GenerationRequest]:
-        nonlocal sent
-        while batch or not sent:
-            if interactive:
-                sent = True
-                yield interactive.popleft()
-            elif batch:
-                yield batch.popleft()
-            else:
-                time.sleep(0.01)
-
     config = EngineConfig(context_length=2048, max_batch_size=2)
     engine = EngineProcess(
         load={"weights": str(tiny_model_dir)}, config=config, tokenizer=tokenizer
@@ -282,16 +270,22 @@ def test_an_interactive_request_passes_the_batch_in_the_pipe_and_streams(
         order: list[str] = []
         partials: list[PartialResult] = []
         results: dict[str, GenerationResult] = {}
-        for item in engine.generate(source(), urgent=lambda: bool(interactive)):
-            if isinstance(item, PartialResult):
-                partials.append(item)
-                if len(partials) == 3:
-                    # Both rows decode batch, two more wait in the child and one in the
-                    # feeder, out of credit: nothing ends for some 35 steps.
-                    interactive.append(chat)
-                continue
-            order.append(item.id)
-            results[item.id] = item
+        held = 0
+        while len(results) < 9:
+            while batch and held < engine.credit:  # as the worker's run: its credit's worth
+                engine.add(batch.popleft())
+                held += 1
+            for item in engine.step(wait=0.05):
+                if isinstance(item, PartialResult):
+                    partials.append(item)
+                    if len(partials) == 3:
+                        # Both rows decode batch and two more wait in the child, its credit
+                        # spent: nothing ends for some 35 steps. The chat goes past.
+                        engine.add(chat)
+                    continue
+                held -= item.id != "i"
+                order.append(item.id)
+                results[item.id] = item
     finally:
         engine.close()
 

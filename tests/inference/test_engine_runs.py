@@ -1,11 +1,10 @@
 """Decoding runs (runs.py): steps planned ahead give exactly the tokens that steps taken one at
-a time give, end where a row ends, and give way to an urgent request within a step."""
+a time give, end where a row ends, and give way within a step when something comes."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -114,33 +113,35 @@ def test_runs_give_the_tokens_of_single_steps_and_end_where_a_row_ends(
     assert ended  # and those rows stopped at that token
 
 
-def test_an_urgent_request_is_pulled_within_a_step_of_a_run(loaded, padded, monkeypatch) -> None:
+def test_a_run_gives_way_within_a_step_when_something_comes(loaded, padded, monkeypatch) -> None:
     model, tokenizer = loaded
     log = RunLog(monkeypatch)
     forwards = [0]
     hook = model.register_forward_hook(lambda *args: forwards.__setitem__(0, forwards[0] + 1))
     ids = render_prompt(tokenizer, [{"role": "user", "content": "Rye or wheat?"}])
     batch = SamplingParams(max_new_tokens=60, ignore_eos=True)
-    arrival = 12  # an interactive request is next from this forward on, mid-run
-    pulled_at: list[int] = []
-
-    def source() -> Iterator[GenerationRequest]:
-        for i in range(4):
-            yield GenerationRequest(f"b{i}", ids, batch)
-        pulled_at.append(forwards[0])
-        yield GenerationRequest("chat", ids, SamplingParams(max_new_tokens=4), priority=1)
-
+    arrival = 12  # an interactive request comes at this forward, mid-run
+    added_at: list[int] = []
     engine = Engine(model, tokenizer, EngineConfig(context_length=2048, max_batch_size=4))
+    for i in range(4):
+        engine.add(GenerationRequest(f"b{i}", ids, batch))
+    results = {}
     try:
         with torch.inference_mode():
-            pulled = engine.generate(source(), urgent=lambda: forwards[0] >= arrival)
-            results = {r.id: r for r in pulled}
+            while engine.has_unfinished:
+                for output in engine.step(interrupt=lambda: forwards[0] >= arrival):
+                    results[output.id] = output
+                if forwards[0] >= arrival and not added_at:
+                    added_at.append(forwards[0])
+                    engine.add(
+                        GenerationRequest("chat", ids, SamplingParams(max_new_tokens=4), priority=1)
+                    )
     finally:
         hook.remove()
 
     assert all(r.error is None for r in results.values()) and "chat" in results
     assert any(taken > 1 for _, taken in log.runs)
-    assert pulled_at[0] <= arrival + 1
+    assert added_at[0] <= arrival + 1
 
 
 def test_each_step_of_the_padded_layouts_equals_a_fresh_layout() -> None:

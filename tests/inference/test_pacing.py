@@ -90,7 +90,7 @@ def _run(engine: Engine, source: Arrivals) -> tuple[dict[str, GenerationResult],
         return interactive, sum(1 for seq, t in work if seq.owner.priority <= 0 and t == 1)
 
     with steps_of(engine, summary) as steps:
-        items = list(engine.generate(source, urgent=source.urgent))
+        items = list(source.drive(engine))
     return {r.id: r for r in items if isinstance(r, GenerationResult)}, steps
 
 
