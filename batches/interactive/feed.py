@@ -1,8 +1,9 @@
 """The worker's side: interactive requests of one engine key, added to the run's engine.
 
 A run of the execution pipeline (batches.execution.pipeline) starts one feed for its key. Its
-thread pops the key's request channel, renders and tokenizes each request with the engine's
-tokenizer, and adds it to the run's engine at once, from its own thread (the engine's
+thread pops the key's request channel, takes each request's prompt ids as the web process
+counted them (tokenized once; a message without them is rendered and tokenized here with the
+engine's tokenizer), and adds it to the run's engine at once, from its own thread (the engine's
 scheduler admits it before any batch request, parking batch rows when none is free); results (and
 partial text) go back on the request's reply channel, and are metered and settled here
 (batches.interactive.settle), so a web process that went away costs no money.
@@ -327,10 +328,12 @@ class InteractiveFeed:
             logger.error("interactive %s refused: it was taken before", submitted.id)
             return
         try:
-            ids = bounded_prompt_ids(
-                self.tokenizer, submitted.body, context_length=self.context_length
-            )
+            ids = submitted.prompt_ids  # the web process's count: tokenized once
             if ids is None:
+                ids = bounded_prompt_ids(
+                    self.tokenizer, submitted.body, context_length=self.context_length
+                )
+            if ids is None or len(ids) > self.context_length:
                 self._reply(submitted, "error", code=ItemCode.CONTEXT_LENGTH_EXCEEDED)
                 return
             request = GenerationRequest(

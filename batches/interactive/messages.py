@@ -104,6 +104,10 @@ class Submitted:
     prices: list[int] | None = None
     gpu_second_price: int = 0
     service_tier: str = "default"
+    # The prompt's token ids, as the web process counted them with the revision's tokenizer:
+    # the worker generates from these and does not render or tokenize the messages again
+    # (None: a message from before they were sent, tokenized in the worker).
+    prompt_ids: list[int] | None = None
     # The request's own key: seals this message and every reply; never sent in the clear.
     data_key: bytes = field(default_factory=new_data_key, repr=False)
 

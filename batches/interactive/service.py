@@ -260,6 +260,7 @@ def interactive_accept(*, org: Organization, data: Any) -> Accepted:
         prices=prices,
         gpu_second_price=target.deployment.gpu_second_price if target.deployment else 0,
         service_tier=tier,
+        prompt_ids=ids,  # counted here: the worker generates from them, tokenizing nothing
     )
     return Accepted(submitted, key, admission, include_usage, target.revision.id)
 

@@ -18,8 +18,10 @@ from batches.interactive.messages import (
     WANTED_GAUGE,
     Submitted,
     abort_flag,
+    decode_reply,
     feed_alive_flag,
     listener_flag,
+    reply_channel,
     request_channel,
     requests_waiting,
     wanted_field,
@@ -58,7 +60,9 @@ def feed(key: EngineKey, taken: list[GenerationRequest], settings) -> Iterator[I
     feed.stop()
 
 
-def _send(key: EngineKey, *, listening: bool = True) -> Submitted:
+def _send(
+    key: EngineKey, *, listening: bool = True, prompt_ids: list[int] | None = None
+) -> Submitted:
     """Push a request as the web tier does (relay.dispatch), its listener flag raised."""
     submitted = Submitted(
         id=f"req_{uuid.uuid4().hex}",
@@ -71,6 +75,7 @@ def _send(key: EngineKey, *, listening: bool = True) -> Submitted:
         },
         stream=False,
         deadline=time.time() + 30,
+        prompt_ids=prompt_ids,
     )
     if listening:
         channels().flag(listener_flag(submitted.id), ttl=30)
@@ -255,3 +260,30 @@ def test_lingering_gives_the_worker_up_to_another_models_waiting_request(
         assert feed.lingering() is False
     finally:
         channels().delete(request_channel(other))
+
+
+def test_the_worker_generates_from_the_ids_the_web_process_counted(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest], monkeypatch
+):
+    """Tokenized once: the web process's ids reach the engine, the worker renders nothing."""
+
+    def tokenized_again(*args, **kwargs):
+        raise AssertionError("the worker tokenized a prompt the web process had counted")
+
+    monkeypatch.setattr(feed_module, "bounded_prompt_ids", tokenized_again)
+    feed.start()
+    _send(key, prompt_ids=[7, 8, 9])
+    assert _until(lambda: taken)
+    assert taken[0].prompt_ids == [7, 8, 9]
+
+
+def test_ids_past_the_workers_context_are_refused_not_generated(
+    feed: InteractiveFeed, key: EngineKey, taken: list[GenerationRequest]
+):
+    feed.start()
+    submitted = _send(key, prompt_ids=list(range(65)))  # the feed's context: 64 tokens
+    assert _until(lambda: not requests_waiting(key))
+    reply = channels().pop(reply_channel(submitted.id), timeout=5)
+    assert reply is not None
+    assert decode_reply(submitted, reply) == {"kind": "error", "code": "context_length_exceeded"}
+    assert taken == []
