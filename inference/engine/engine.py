@@ -27,16 +27,16 @@ The engine core has verbs, as vLLM's and nano-vllm's: `add` a request, `abort` i
 (admit, run one step or one decoding run, and return the outputs since the last step), over one
 scheduler for the engine's life; `generate` is a loop over them that pulls from a list.
 
-This module is the verbs, that loop and the results: polling aborts, appending sampled
-tokens, stop strings (found in the text by decoding.py), busy-time shares. What it drives is in
-modules of their own: the state in flight (sequence.py), admission, each step's plan and
-preemption (scheduler.py), block tables and the prefix cache (blocks.py, the only code touching
-the pool's reference counts), and the model's inputs, forward and logits (runner.py).
+This module is the verbs and that loop: polling aborts, choosing a single step or a decoding
+run, gathering the outputs, busy-time shares. What it drives is in modules of their own: the
+state in flight (sequence.py), admission, each step's plan and preemption (scheduler.py),
+block tables and the prefix cache (blocks.py, the only code touching the pool's reference
+counts), taking a step or a decoding run (stepping.py, runs.py), appending sampled tokens,
+stop strings and results (outputs.py), and the model's inputs, forward and logits (runner.py).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -44,28 +44,18 @@ from typing import Any
 
 import torch
 
-from boardwalk.logs import exception_trace
-
 from .blocks import BlockManager
 from .config import EngineConfig
-from .decoding import TextDecoder, held_stop_prefix, text_before_stop, token_ids
+from .decoding import TextDecoder, token_ids
+from .outputs import empty_result, partials, results
 from .pacing import BatchPacer
 from .runner import ModelRunner
-from .runs import MAX_RUN_STEPS, DecodeRun
+from .runs import plan_run
 from .sampling import row_sampling
 from .scheduler import Scheduler
-from .sequence import Failed, Request, Sequence
-from .types import (
-    ERROR_INTERNAL,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Choice,
-    GenerationRequest,
-    GenerationResult,
-    PartialResult,
-)
-
-logger = logging.getLogger(__name__)
+from .sequence import Request, Sequence
+from .stepping import Stepper
+from .types import ERROR_INTERNAL, GenerationRequest, GenerationResult, PartialResult
 
 
 class Engine:
@@ -144,6 +134,12 @@ class Engine:
             new_sequence=self._sequence,
             pacer=self._pacer,
         )
+        self._stepper = Stepper(
+            self._scheduler,
+            self._runner,
+            eos_token_ids=self.eos_token_ids,
+            decoder=self._decoder,
+        )
         # What `add` and `abort` answer at once, for the next `step` to return first.
         self._outbox: list[GenerationResult | PartialResult] = []
         self._step_seconds = 0.0  # the last step's work (the abort poll's clock)
@@ -167,7 +163,7 @@ class Engine:
         ignored."""
         for owner in self._scheduler.abort(request_ids):
             owner.reported = True
-            self._outbox.append(_empty_result(owner, aborted=True))
+            self._outbox.append(empty_result(owner, aborted=True))
 
     def step(
         self,
@@ -186,7 +182,7 @@ class Engine:
         scheduler = self._scheduler
         self._step_seconds = 0.0
         for owner in scheduler.admit():
-            self._outbox.append(_empty_result(owner, error=ERROR_INTERNAL))
+            self._outbox.append(empty_result(owner, error=ERROR_INTERNAL))
         if scheduler.running:
             self._outbox.extend(self._step_running(interrupt, run_seconds))
         if not scheduler.holding:
@@ -213,7 +209,7 @@ class Engine:
         outbox; returns whether it was queued."""
         error = self._scheduler.refusal(request)
         if error or aborted:
-            self._outbox.append(_empty_result(Request(request), error=error, aborted=not error))
+            self._outbox.append(empty_result(Request(request), error=error, aborted=not error))
             return False
         self._scheduler.add(Request(request))
         return True
@@ -237,23 +233,25 @@ class Engine:
         scheduler = self._scheduler
         began = time.perf_counter()
         with torch.inference_mode():
-            run = self._plan_run(scheduler) if self._runs and interrupt is not None else None
+            run = None
+            if self._runs and interrupt is not None:
+                run = plan_run(scheduler, self._runner)
             if run is None or interrupt is None:
-                stepped, advanced, finished, failed = self._step(scheduler)
+                stepped, advanced, finished, failed = self._stepper.step()
             else:
-                stepped, advanced, finished, failed = self._run(
-                    scheduler, run, budget=run_seconds, interrupt=interrupt
+                stepped, advanced, finished, failed = self._stepper.run(
+                    run, budget=run_seconds, interrupt=interrupt
                 )
         spent = self._step_seconds = self._account(began, stepped)
         if scheduler.last_paced is not None:
             rows, tokens = scheduler.last_paced
             self._pacer.observe(spent, batch_rows=rows, batch_tokens=tokens)
-        outputs: list[GenerationResult | PartialResult] = [*self._partials(advanced)]
-        outputs.extend(self._results(finished))
+        outputs: list[GenerationResult | PartialResult] = [*partials(advanced, self._decoder)]
+        outputs.extend(results(finished))
         for owner in failed.owners:
             if not owner.reported:
                 owner.reported = True
-                outputs.append(_empty_result(owner, error=ERROR_INTERNAL))
+                outputs.append(empty_result(owner, error=ERROR_INTERNAL))
         return outputs
 
     # -- the loop --------------------------------------------------------------------------
@@ -333,37 +331,6 @@ class Engine:
             seq.owner.busy += share
         return spent
 
-    def _partials(self, advanced: list[Sequence]) -> Iterator[PartialResult]:
-        """The new text of the streaming sequences that took a token and go on: decoded
-        whole, less a trailing incomplete character and any tail that could begin a stop
-        string, so each partial extends the text the result will carry."""
-        for seq in advanced:
-            request = seq.owner.spec
-            if not request.stream:
-                continue
-            text = self._decoder.decode(seq.tokens)
-            end = len(text.rstrip("\ufffd"))
-            end -= held_stop_prefix(text[:end], request.params.stop)
-            if end > seq.sent:
-                piece, seq.sent = text[seq.sent : end], end
-                yield PartialResult(request.id, seq.choice, piece)
-
-    def _results(self, finished: list[Sequence]) -> Iterator[GenerationResult]:
-        for seq in finished:
-            owner = seq.owner
-            if len(owner.choices) == owner.n and not owner.reported:
-                owner.reported = True
-                choices = [owner.choices[i] for i in range(owner.n)]
-                yield GenerationResult(
-                    id=owner.spec.id,
-                    choices=choices,
-                    prompt_tokens=len(owner.prompt),
-                    completion_tokens=sum(len(c.token_ids) for c in choices),
-                    cached_tokens=owner.cached_tokens,
-                    busy_seconds=owner.busy,
-                    params=owner.spec.params,  # hook (chat surface): echoed for the body
-                )
-
     def _sequence(self, request: Request, choice: int) -> Sequence:
         sampling = row_sampling(
             request.spec.params,
@@ -389,186 +356,9 @@ class Engine:
         self._blocks.index_prompt(seq)
         return seq
 
-    # -- one step ---------------------------------------------------------------------------
-
-    def _step(
-        self, scheduler: Scheduler
-    ) -> tuple[list[Sequence], list[Sequence], list[Sequence], Failed]:
-        """Schedule, run and sample one step. Returns the sequences that took part, those
-        that took a token and go on, those that finished and the requests that failed
-        (already out of flight)."""
-        failed = Failed()
-        while True:
-            work = scheduler.schedule()
-            try:
-                logits = self._runner.run(work, failed)
-                break
-            except torch.OutOfMemoryError:
-                if not scheduler.shrink(work):
-                    for seq, _ in work:
-                        failed.add(seq.owner)
-                    scheduler.drop(failed.owners)
-                    return [s for s, _ in work], [], [], failed
-                self._runner.release_memory()
-
-        stepped = [seq for seq, _ in work]
-        sampled, rows = scheduler.computed(work, logits.ok, failed)
-        scheduler.drop(failed.owners)
-        if failed.owners:
-            keep = [i for i, seq in enumerate(sampled) if seq.owner not in failed.owners]
-            sampled, rows = [sampled[i] for i in keep], [rows[i] for i in keep]
-        if not sampled or logits.values is None:
-            return stepped, [], [], failed
-        values = logits.values
-        if len(rows) != len(work) or rows != list(range(len(work))):
-            values = values[torch.tensor(rows, dtype=torch.long).to(values.device)]
-        tokens = self._runner.next_tokens(values, sampled, failed)
-        return (stepped, *self._sampled(scheduler, sampled, tokens, failed))
-
-    def _plan_run(self, scheduler: Scheduler) -> DecodeRun | None:
-        """A decoding run over every sequence in flight, when the next steps' plan is known
-        and their blocks fit (runs.py)."""
-        planned = scheduler.run_ahead(MAX_RUN_STEPS)
-        if planned is None:
-            return None
-        seqs, steps = planned
-        if not self._runner.decodes_padded(seqs):
-            return None
-        steps = scheduler.reserve(seqs, steps)
-        return DecodeRun(self._runner, seqs, steps) if steps else None
-
-    def _run(
-        self,
-        scheduler: Scheduler,
-        run: DecodeRun,
-        *,
-        budget: float,
-        interrupt: Callable[[], bool],
-    ) -> tuple[list[Sequence], list[Sequence], list[Sequence], Failed]:
-        """Take a run's steps until it ends (runs.py): its last step, a row's end-of-sequence
-        token, `interrupt()`, or `budget` seconds (the abort poll). Then the steps before the
-        last are recorded in bulk (no row can end in them) and the last as a single step's
-        are. A step that raises ends the run before it: the next single step runs it again,
-        and finds the request it belongs to there (runner.run)."""
-        eos = self.eos_token_ids
-        began = time.perf_counter()
-        try:
-            while len(run.tokens) < run.steps:
-                tokens = run.step()
-                if not eos.isdisjoint(tokens) or interrupt():
-                    break
-                if time.perf_counter() - began >= budget:
-                    break
-        except Exception as exc:  # OutOfMemoryError included: the single step halves
-            logger.warning("a decoding run stopped: %s", exception_trace(exc))
-            self._runner.release_memory()
-        finally:
-            run.end()
-        taken = len(run.tokens)
-        if not taken:
-            return self._step(scheduler)
-        failed = Failed()
-        seqs = run.seqs
-        if taken > 1:
-            for seq, column in zip(seqs, zip(*run.tokens[:-1], strict=True), strict=True):
-                seq.tokens.extend(column)
-                seq.computed += taken - 1
-        sampled, _ = scheduler.computed([(seq, 1) for seq in seqs], [True] * len(seqs), failed)
-        last: list[int | None] = list(run.tokens[-1])
-        return (seqs, *self._sampled(scheduler, sampled, last, failed))
-
-    def _sampled(
-        self,
-        scheduler: Scheduler,
-        sampled: list[Sequence],
-        tokens: list[int | None],
-        failed: Failed,
-    ) -> tuple[list[Sequence], list[Sequence], Failed]:
-        """Append the sampled tokens and take the sequences that finished out of flight;
-        returns those that go on with a new token, those that finished, and `failed`."""
-        finished = self._advance(sampled, tokens, failed)
-        scheduler.finish(finished)
-        scheduler.drop(failed.owners)
-        done = set(map(id, finished))
-        advanced = [
-            s
-            for s, t in zip(sampled, tokens, strict=True)
-            if t is not None and id(s) not in done and s.owner not in failed.owners
-        ]
-        return advanced, finished, failed
-
-    # -- sampling and appending -------------------------------------------------------------
-
-    def _advance(
-        self, sequences: list[Sequence], tokens: list[int | None], failed: Failed
-    ) -> list[Sequence]:
-        """Append each sequence's new token; returns those that finished."""
-        finished: list[Sequence] = []
-        eos, owners = self.eos_token_ids, failed.owners
-        for seq, token in zip(sequences, tokens, strict=True):
-            if token is None or (owners and seq.owner in owners):
-                continue
-            params = seq.owner.spec.params
-            if (
-                not params.stop
-                and (params.ignore_eos or token not in eos)
-                and len(seq.tokens) + 1 < params.max_new_tokens
-            ):
-                seq.tokens.append(token)  # goes on: what `_append` would conclude, cheaper
-                continue
-            try:
-                reason = self._append(seq, token)
-            except Exception as exc:
-                logger.error("a sequence could not be advanced: %s", exception_trace(exc))
-                failed.add(seq.owner)
-                continue
-            if reason is not None:
-                finished.append(seq)
-        return finished
-
-    def _append(self, seq: Sequence, token: int) -> str | None:
-        seq.tokens.append(token)
-        params = seq.owner.spec.params
-        stopped = token in self.eos_token_ids and not params.ignore_eos
-        text = None
-        if not stopped and params.stop:
-            text = text_before_stop(self._decoder, seq.tokens, params.stop)
-            stopped = text is not None
-        if stopped:
-            reason = FINISH_STOP
-        elif len(seq.tokens) >= params.max_new_tokens:
-            reason = FINISH_LENGTH
-        else:
-            return None
-        if text is None:
-            text = self._decoder.decode(seq.tokens)
-        seq.owner.choices[seq.choice] = Choice(
-            index=seq.choice,
-            token_ids=list(seq.tokens),
-            text=text,
-            finish_reason=reason,
-            logprobs=seq.sampling.logprobs,  # hook (chat surface): recorded by sample()
-        )
-        return reason
-
 
 def _never() -> bool:
     return False
-
-
-def _empty_result(
-    request: Request, *, error: str | None = None, aborted: bool = False
-) -> GenerationResult:
-    return GenerationResult(
-        id=request.spec.id,
-        choices=[],
-        prompt_tokens=len(request.prompt),
-        completion_tokens=request.generated if aborted else 0,
-        cached_tokens=request.cached_tokens,
-        busy_seconds=request.busy,
-        aborted=aborted,
-        error=error,
-    )
 
 
 def _model_eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -8,7 +8,8 @@ are the next step's inputs where they already are (on the device), the lengths s
 the bans and draws of its sampling were prepared for the whole run (sampling.RunSampler), and
 the only read into Python is the sampled tokens, as in a single step. What a step costs in
 Python per row (appending the token, sealing full blocks, finishing) is done once for the run
-when it ends (engine.py).
+when it ends (stepping.py). Here: planning a run (`plan_run`), its steps, and taking them until
+it ends (`DecodeRun.take`).
 
 A run ends at its last step, at the first step in which a row samples an end-of-sequence token
 (its steps are chosen so that no row reaches its `max_new_tokens` before the last), and when
@@ -20,16 +21,37 @@ shapes: the same tokens (tests/inference/test_engine_runs.py).
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Callable
 
 import torch
 
+from boardwalk.logs import exception_trace
+
 from .runner import ModelRunner
 from .sampling import RunSampler
+from .scheduler import Scheduler
 from .sequence import Sequence
+
+logger = logging.getLogger(__name__)
 
 # The most steps planned at once: a row's reservation is then at most one block ahead.
 MAX_RUN_STEPS = 32
+
+
+def plan_run(scheduler: Scheduler, runner: ModelRunner) -> DecodeRun | None:
+    """A decoding run over every sequence in flight, when the next steps' plan is known
+    and their blocks fit."""
+    planned = scheduler.run_ahead(MAX_RUN_STEPS)
+    if planned is None:
+        return None
+    seqs, steps = planned
+    if not runner.decodes_padded(seqs):
+        return None
+    steps = scheduler.reserve(seqs, steps)
+    return DecodeRun(runner, seqs, steps) if steps else None
 
 
 class DecodeRun:
@@ -63,6 +85,26 @@ class DecodeRun:
         self._ids = chosen[:, None]
         self.tokens.append(tokens)
         return tokens
+
+    def take(self, eos: frozenset[int], *, budget: float, interrupt: Callable[[], bool]) -> int:
+        """Take the steps until the run ends: its last step, a row's end-of-sequence token
+        (in `eos`), `interrupt()`, or `budget` seconds (the abort poll); returns the steps
+        taken. A step that raises ends the run before it (the engine's next single step runs
+        it again)."""
+        began = time.perf_counter()
+        try:
+            while len(self.tokens) < self.steps:
+                tokens = self.step()
+                if not eos.isdisjoint(tokens) or interrupt():
+                    break
+                if time.perf_counter() - began >= budget:
+                    break
+        except Exception as exc:  # OutOfMemoryError included: the single step halves
+            logger.warning("a decoding run stopped: %s", exception_trace(exc))
+            self._runner.release_memory()
+        finally:
+            self.end()
+        return len(self.tokens)
 
     def end(self) -> None:
         """No more steps: the sampling rows' generators are left as the steps taken left them."""

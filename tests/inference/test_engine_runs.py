@@ -15,7 +15,6 @@ from inference.engine import (
     GenerationRequest,
     SamplingParams,
 )
-from inference.engine import engine as engine_module
 from inference.engine import runner as runner_module
 from inference.engine import runs as runs_module
 from inference.engine.layout import PaddedSteps, padded_layout
@@ -98,7 +97,7 @@ def test_runs_give_the_tokens_of_single_steps_and_end_where_a_row_ends(
     # A token the model often generates ends rows (as if it were end-of-sequence), so that
     # runs end early, mid-run, while seeded rows in them go on.
     with monkeypatch.context() as off:
-        off.setattr(engine_module, "MAX_RUN_STEPS", 1)
+        off.setattr(runs_module, "MAX_RUN_STEPS", 1)
         plain = _outputs(engine(), requests)
         common = Counter(t for choices in plain.values() for c in choices for t in c[2:])
         eos = {common.most_common(1)[0][0]}

@@ -1,6 +1,6 @@
 """The scheduler's plans without a model, in the style of vLLM's scheduler tests: a
 `Scheduler` over a tiny CPU block pool (inference/engine/scheduler.py, blocks.py, kv.py),
-driven as `Engine._step` and `Engine._sampled` drive it (inference/engine/engine.py): admit,
+driven as `Stepper.step` and `Stepper._sampled` drive it (inference/engine/stepping.py): admit,
 `schedule()`, `computed(...)` with every forward ok, a fabricated token appended to each
 sequence that samples, `finish(...)` for those at `max_new_tokens`. Each test asserts the
 exact plans (sequence, tokens computed) step by step and the blocks they hold."""
@@ -45,7 +45,7 @@ def tokens(start: int, count: int) -> list[int]:
 
 class Bench:
     """A scheduler over a pool of `num_blocks` blocks (block 0 is never handed out), built as
-    `Engine.__init__` and `Engine.generate` build theirs, stepped as `Engine._step` steps."""
+    `Engine.__init__` and `Engine.generate` build theirs, stepped as `Stepper.step` steps."""
 
     def __init__(
         self,
