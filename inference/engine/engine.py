@@ -29,10 +29,11 @@ scheduler for the engine's life; `generate` is a loop over them that pulls from 
 
 This module is the verbs and that loop: polling aborts, choosing a single step or a decoding
 run, gathering the outputs, busy-time shares. What it drives is in modules of their own: the
-state in flight (sequence.py), admission, each step's plan and preemption (scheduler.py),
-block tables and the prefix cache (blocks.py, the only code touching the pool's reference
-counts), taking a step or a decoding run (stepping.py, runs.py), appending sampled tokens,
-stop strings and results (outputs.py), and the model's inputs, forward and logits (runner.py).
+state in flight (sequence.py), admission and preemption (scheduler.py), each step's plan
+(planning.py), block tables and the prefix cache (blocks.py, the only code touching the pool's
+reference counts), taking a step or a decoding run (stepping.py, runs.py), appending sampled
+tokens, stop strings and results (outputs.py), and the model's inputs, forward and logits
+(runner.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from inference.engine import Engine, EngineConfig, GenerationRequest, GenerationResult
-from inference.engine import scheduler as scheduler_module
+from inference.engine import planning as planning_module
 from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import greedy, prompt
 
@@ -48,7 +48,7 @@ def test_fresh_batch_prompts_start_together_and_generate_the_same(loaded, monkey
         )
 
     gathered, steps = _run(engine(), requests)
-    monkeypatch.setattr(scheduler_module, "GATHER_STEPS", 0)
+    monkeypatch.setattr(planning_module, "GATHER_STEPS", 0)
     alone, before = _run(engine(), requests)
 
     assert gathered == alone
