@@ -88,7 +88,9 @@ def send_all(upstream: Upstream, bodies: list[dict[str, Any]], **options: Any) -
 
 
 def upstream_of(proxy: FaultProxy, served: Served, **options: Any) -> Upstream:
-    return Upstream(url=proxy.url, model=served.model, **options)
+    """The served model through the proxy; a minute per request, so that a server gone
+    wrong fails the test instead of holding it for the five-minute default."""
+    return Upstream(url=proxy.url, model=served.model, **({"request_timeout": 60.0} | options))
 
 
 # -- the server itself ---------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Real upstreams for the external-engine tests (inference/external/).
 
 `serve(model_dir)` starts `transformers serve` (transformers[serving], in the dev extras) on a
-free port with continuous batching on, serving a tiny model the tests built, and waits for
-`/v1/models`; it skips the test, saying why, where `transformers serve` is not installed.
+free port with continuous batching on (its K/V cache bounded: 64 blocks), serving a tiny model
+the tests built, and waits for `/v1/models`; it skips the test, saying why, where
+`transformers serve` is not installed.
 `FaultProxy` stands between the client and the server (or in front of nothing) and answers
 each request as its plan says: forwarded, a status with `Retry-After`, a cut connection, a cut
 in the middle of an answer, a stall, or 401 without the right key. It counts what reached it,
@@ -76,6 +77,12 @@ def serve(model_dir: Path, log_dir: Path) -> Iterator[Served]:
                 "serve",
                 str(model_dir),
                 "--continuous-batching",
+                # A bounded K/V cache: sized by default, continuous batching on the CPU grew
+                # to 14 GB over two dozen requests and was killed for memory.
+                "--cb-num-blocks",
+                "64",
+                "--cb-max-batch-tokens",
+                "256",
                 "--device",
                 "cpu",
                 "--host",
