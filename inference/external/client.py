@@ -6,9 +6,11 @@ engine's model id, to `{url}/chat/completions` and classifies the answer:
 - `Success`: a 2xx JSON object with `choices`; its body is the upstream's answer.
 - `Retryable`: 429, 503 and other 5xx, 408, timeouts (a whole-request bound, so a stalled or
   trickling answer counts), connection errors (refused, reset, cut mid-answer) and 2xx bodies
-  that are no chat completion. `retry_after` carries the upstream's `Retry-After` in seconds;
-  `congestion` says whether it is a sign of overload (429, 503, 504, 408, timeouts,
-  connection errors), on which the in-flight limit halves (`inference.external.limits`).
+  that are no chat completion. A request the row's deadline cut short is `deadline`: no sign
+  of overload, and past its deadline the row is not sent again. `retry_after` carries the
+  upstream's `Retry-After` in seconds; `congestion` says whether it is a sign of overload
+  (429, 503, 504, 408, timeouts, connection errors), on which the in-flight limit halves
+  (`inference.external.limits`).
 - `Final`: any other answer (4xx but 408 and 429, 3xx): retrying cannot help. Its `message`
   is the upstream's, which may quote the prompt: it is kept for the row's error and out of
   reprs and logs (`log_text` is what a log line may say).
@@ -61,8 +63,8 @@ class Success:
 
 @dataclass(frozen=True)
 class Retryable:
-    """`reason`: rate_limited, unavailable, server_error, timeout, connection or
-    invalid_response."""
+    """`reason`: rate_limited, unavailable, server_error, timeout, connection,
+    invalid_response or deadline."""
 
     reason: str
     status: int | None = None
@@ -216,7 +218,12 @@ class UpstreamClient:
                     f"{self.upstream.url}/chat/completions", content=content
                 )
         except (TimeoutError, httpx2.RequestError) as exc:
-            return classify_error(exc)
+            outcome = classify_error(exc)
+            if outcome.reason == "timeout" and not may_send(self._clock(), deadline):
+                # The row's deadline cut it short, not the upstream's request timeout: no
+                # sign of overload, and the row is not retried.
+                return Retryable("deadline")
+            return outcome
         return classify_response(
             response.status_code, response.headers, response.content, now=self._clock()
         )
