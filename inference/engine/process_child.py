@@ -131,12 +131,17 @@ class _Inbox:
         except (EOFError, OSError):
             self.orphaned = True
 
-    def waiting(self) -> bool:
-        """Whether a message waits (ends a decoding run: a request to add, an abort)."""
-        try:
-            return bool(self.pending) or self._pipe.poll(0)
-        except (EOFError, OSError):
+    def pressing(self, room: bool) -> bool:
+        """Whether a message waiting should end a decoding run now: an abort, a command, an
+        interactive request, or a batch request while the engine has a row free (`room`).
+        One more batch request for a full engine waits for the run's end, as it would in the
+        engine's queue."""
+        self.read(block=False)
+        if self.orphaned:
             return True
+        if any(m[0] != "add" or m[1].priority > 0 for m in self.pending):
+            return True
+        return bool(self.pending) and room
 
     def aborted(self) -> frozenset[str]:
         """The ids of the aborts waiting (what a request run alone polls, containment.py)."""
@@ -160,6 +165,10 @@ def _serve(engine: Any, pipe: Any, outbox: Any, channel: Any = None) -> None:
         alone_aborted = leader.aborted(inbox.aborted)
     core = Contained(engine, alone_aborted=alone_aborted)
     told_broken = False
+
+    def pressing() -> bool:
+        return inbox.pressing(engine.rows_in_use < engine.max_batch_size)
+
     while True:
         inbox.read(block=not core.has_unfinished or core.broken)
         if inbox.orphaned:
@@ -189,7 +198,7 @@ def _serve(engine: Any, pipe: Any, outbox: Any, channel: Any = None) -> None:
             continue
         if leader is not None:
             leader.command(("step",))
-        for output in core.step(interrupt=inbox.waiting):
+        for output in core.step(interrupt=pressing):
             if isinstance(output, PartialResult):
                 sent = _send(outbox, ("partial", output))
             else:
