@@ -3,8 +3,9 @@
 The processor turns a decoded image or clip into the encoder's input (PIL resizing and
 normalization, Whisper log-mel features); the model's vision tower + projector or audio
 encoder + projector turn that into one feature vector per placeholder token, which the engine
-feeds through `inputs_embeds` in the placeholders' place. Only the architectures of
-inference/media_layout.py are supported.
+feeds through `inputs_embeds` in the placeholders' place (`embeddings`: a step's input
+embeddings, each prompt piece taking the slice of features it covers). Only the architectures
+of inference/media_layout.py are supported.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from transformers.masking_utils import create_bidirectional_mask
 
+from .sequence import Work
 from .types import MediaInput
 
 
@@ -52,6 +54,35 @@ class MediaEncoder:
         if features.shape[0] != media.length:
             raise MediaMismatch(f"{features.shape[0]} features for {media.length} placeholders")
         return features.to(self._dtype)
+
+    def embeddings(self, ids: torch.Tensor, work: Work, *, packed: bool) -> torch.Tensor | None:
+        """Input embeddings of a step's `ids` (the model runner's, runner.py) with the
+        placeholders of its media replaced by their features; None when no scheduled piece
+        covers a placeholder (text stays on input_ids).
+
+        A prompt split across steps takes the slice of each media's features its piece covers;
+        a media's features are computed once per request, when a piece first needs them.
+        """
+        pieces: list[tuple[int, int, torch.Tensor]] = []
+        offset = 0
+        for row, (seq, take) in enumerate(work):
+            lo, hi = seq.computed, seq.computed + take
+            for index, media in enumerate(seq.owner.spec.media):
+                a, b = max(lo, media.start), min(hi, media.start + media.length)
+                if a >= b:
+                    continue
+                features = seq.owner.features.get(index)
+                if features is None:
+                    features = seq.owner.features[index] = self.encode(media)
+                at = (0, offset + a - lo) if packed else (row, 0)
+                pieces.append((*at, features[a - media.start : b - media.start]))
+            offset += take
+        if not pieces:
+            return None
+        embeds = self.model.get_input_embeddings()(ids)
+        for row, col, features in pieces:
+            embeds[row, col : col + features.shape[0]] = features.to(embeds.device, embeds.dtype)
+        return embeds
 
     def _image(self, image: Any) -> torch.Tensor:
         pixels = self.processor.image_processor(images=[image], return_tensors="pt")

@@ -1,49 +1,37 @@
 """The model runner: the inputs of a step, the forward over the paged pool, the logits.
 
 It owns what the model itself decides: the attention implementation it runs, the key/value
-pool's geometry and size (kv.py), the media encoders, and the layout of a step's tokens. A
-step's work (sequences and how many of their tokens to compute, from the scheduler) becomes
-token ids, positions, the slots to write and read and the mask over them; the model's own
-attention runs unchanged over `PagedCache`; the last computed position of each sequence gives
-its logits, and `sample` draws the next tokens from them.
+pool (kv.py, its geometry and size from pool_sizing.py), the media encoders (media.py), and
+the layout of a step's tokens. A step's work (sequences and how many of their tokens to
+compute, from the scheduler) becomes token ids, positions, the slots to write and read and the
+mask over them; the model's own attention runs unchanged over `PagedCache`; the last computed
+position of each sequence gives its logits, and `sample` draws the next tokens from them.
 
 Decoding rows and prompt pieces run as two forwards, so one-token rows are not padded to a
 prompt piece's length; a failing batched forward is retried one sequence at a time to find the
-request it belongs to.
+request it belongs to (isolation.py, as a failing batched sampling is).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache
-
-from boardwalk.logs import exception_trace
 
 from . import attention as paged
 from .allocator import keep_freed_memory
 from .families import engine_refusal
 from .graphs import DecodeGraphs, graphs_wanted
+from .isolation import StepLogits, next_tokens, step_logits
 from .kv import BlockPool, PagedCache
 from .layout import Padded, PaddedSteps, packed_layout, padded_layout
 from .media import MediaEncoder
-from .sampling import sample
+from .pool_sizing import num_blocks, probe
 from .sequence import Failed, Sequence, Work
 
-logger = logging.getLogger(__name__)
-
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
-# Without a GPU (or an explicit size), the key/value memory holds every row at full context,
-# up to this many bytes.
-_CPU_KV_BYTES = 2 * 1024**3
-# On a GPU, the share of the memory free after the weights that keys and values may take; the
-# rest is left to activations (the gathered context of one layer at a time, and logits).
-_GPU_MEMORY_FRACTION = 0.85
 
 
 class ModelRunner:
@@ -62,7 +50,7 @@ class ModelRunner:
         ranks_check: Callable[[], None] | None = None,
     ) -> None:
         """Refuses (ValueError) a model whose attention the pool cannot serve; sizes the pool
-        from `max_num_blocks`, else `kv_cache_bytes`, else the device (see `_default_kv_bytes`).
+        from `max_num_blocks`, else `kv_cache_bytes`, else the device (pool_sizing.py).
         `cuda_graphs`: capture decoding steps (graphs.py; None: on), only ever on CUDA.
         `ranks_check`: on tensor-parallel ranks, asked after a forward raised, before a
         request is blamed (lockstep.ranks_check)."""
@@ -89,7 +77,7 @@ class ModelRunner:
 
         layers = text.num_hidden_layers
         self._text_config = text
-        kv_heads, head_dim, probed = _probe(model, text, self.device)
+        kv_heads, head_dim, probed = probe(model, text, self.device)
         self._paged = probed.routed
         window = getattr(text, "sliding_window", None) or 0
         # Positions for the layers' windows are worked out only where a layer may have one.
@@ -106,10 +94,15 @@ class ModelRunner:
         block_bytes = 2 * layers * kv_heads * head_dim * element * block_size
         self._key_width = head_dim * kv_heads / text.num_attention_heads
         if max_num_blocks is None:
-            if kv_cache_bytes is None:
-                everything = max_batch_size * context_length * (block_bytes // block_size)
-                kv_cache_bytes = self._default_kv_bytes(everything, layers)
-            max_num_blocks = kv_cache_bytes // block_bytes
+            max_num_blocks = num_blocks(
+                block_bytes,
+                kv_cache_bytes=kv_cache_bytes,
+                block_size=block_size,
+                max_batch_size=max_batch_size,
+                context_length=context_length,
+                layers=layers,
+                device=self.device,
+            )
         self.kv_cache_bytes = max_num_blocks * block_bytes
         self.pool = BlockPool(
             num_layers=layers,
@@ -133,15 +126,6 @@ class ModelRunner:
             else None
         )
 
-    def _default_kv_bytes(self, everything: int, layers: int) -> int:
-        """`everything`: the bytes of every row at full context."""
-        if self.device.type != "cuda":
-            return min(everything, _CPU_KV_BYTES)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        # Attention gathers one layer's context at a time: 1/layers of the memory on top.
-        usable = int(free * _GPU_MEMORY_FRACTION * layers / (layers + 1))
-        return min(everything, usable)
-
     def release_memory(self) -> None:
         """Hand the device's cached, unused memory back after an out-of-memory step."""
         if self.device.type == "cuda":
@@ -151,42 +135,15 @@ class ModelRunner:
         """Logits of the last computed position of each scheduled sequence, in the order of
         `work` (a row whose forward failed is marked, its request added to `failed`).
         Decoding rows and prompt pieces run as two forwards, so one token rows are not padded
-        to a prompt piece's length."""
-        ok = [True] * len(work)
-        values: torch.Tensor | None = None
-        singles = [take == 1 for _, take in work]
-        for single in (True, False):
-            group = [i for i, one in enumerate(singles) if one == single]
-            if not group:
-                continue
-            try:
-                out = self.forward([work[i] for i in group])
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:
-                self._check_ranks()
-                if len(group) == 1:
-                    logger.error("a sequence's forward failed: %s", exception_trace(exc))
-                    failed.add(work[group[0]][0].owner)
-                    ok[group[0]] = False
-                    continue
-                # Find the culprit: each sequence alone.
-                for i in group:
-                    try:
-                        row = self.forward([work[i]])
-                    except torch.OutOfMemoryError:
-                        raise
-                    except Exception as alone:
-                        self._check_ranks()
-                        logger.error("a sequence's forward failed: %s", exception_trace(alone))
-                        failed.add(work[i][0].owner)
-                        ok[i] = False
-                        continue
-                    values = _place(values, row, [i], len(work))
-                continue
-            # The whole step in one forward (the usual case) needs no copy.
-            values = out if len(group) == len(work) else _place(values, out, group, len(work))
-        return StepLogits(values, ok)
+        to a prompt piece's length (isolation.py)."""
+        return step_logits(work, failed, self.forward, self._check_ranks)
+
+    def next_tokens(
+        self, logits: torch.Tensor, sequences: list[Sequence], failed: Failed
+    ) -> list[int | None]:
+        """The token each sequence samples from its row of `logits`; None for a sequence whose
+        sampling raised (its request is added to `failed`; isolation.py)."""
+        return next_tokens(logits, sequences, failed)
 
     def _check_ranks(self) -> None:
         # A forward's collective fails on every rank when a peer rank died: that is no
@@ -267,7 +224,10 @@ class ModelRunner:
             )
             keep = packed.keep
             q_pos, k_pos = packed.q_pos, packed.k_pos
-        embeds = self._media_embeddings(ids, work, packed=not padded)
+        # Text only without an encoder: admission refuses media then.
+        embeds = (
+            None if self._media is None else self._media.embeddings(ids, work, packed=not padded)
+        )
         tokens: dict[str, torch.Tensor] = (
             {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
         )
@@ -388,93 +348,6 @@ class ModelRunner:
             return self.pool.held
         return _distinct_blocks([seq.blocks for seq, _ in work], lengths, bs)
 
-    def _media_embeddings(
-        self, ids: torch.Tensor, work: Work, *, packed: bool
-    ) -> torch.Tensor | None:
-        """Input embeddings with the placeholders of this step's media replaced by their
-        features; None when no scheduled piece covers a placeholder (text stays on input_ids).
-
-        A prompt split across steps takes the slice of each media's features its piece covers;
-        a media's features are computed once per request, when a piece first needs them.
-        """
-        if self._media is None:  # text only: admission refuses media without an encoder
-            return None
-        pieces: list[tuple[int, int, torch.Tensor]] = []
-        offset = 0
-        for row, (seq, take) in enumerate(work):
-            lo, hi = seq.computed, seq.computed + take
-            for index, media in enumerate(seq.owner.spec.media):
-                a, b = max(lo, media.start), min(hi, media.start + media.length)
-                if a >= b:
-                    continue
-                features = seq.owner.features.get(index)
-                if features is None:
-                    features = seq.owner.features[index] = self._media.encode(media)
-                at = (0, offset + a - lo) if packed else (row, 0)
-                pieces.append((*at, features[a - media.start : b - media.start]))
-            offset += take
-        if not pieces:
-            return None
-        embeds = self.model.get_input_embeddings()(ids)
-        for row, col, features in pieces:
-            embeds[row, col : col + features.shape[0]] = features.to(embeds.device, embeds.dtype)
-        return embeds
-
-    def next_tokens(
-        self, logits: torch.Tensor, sequences: list[Sequence], failed: Failed
-    ) -> list[int | None]:
-        """The token each sequence samples from its row of `logits`; None for a sequence whose
-        sampling raised (its request is added to `failed`)."""
-        samplings = [s.sampling for s in sequences]
-        histories = [s.tokens for s in sequences]
-        try:
-            return list(sample(logits, samplings, histories))
-        except Exception as exc:
-            logger.warning("batched sampling failed, sampling row by row: %s", exception_trace(exc))
-        tokens: list[int | None] = []
-        for i, seq in enumerate(sequences):  # find the row that raised
-            try:
-                tokens.append(
-                    sample(logits[i : i + 1], samplings[i : i + 1], histories[i : i + 1])[0]
-                )
-            except Exception as exc:
-                logger.error("sampling failed for a sequence: %s", exception_trace(exc))
-                failed.add(seq.owner)
-                tokens.append(None)
-        return tokens
-
-
-def _probe(model: Any, text: Any, device: torch.device) -> tuple[int, int, paged.Probed]:
-    """(key/value heads, head dim, what the probe found: whether the paged attention reaches
-    every layer, and the layers' windows), read from a one-token forward: the config does not
-    say the shape alike in every family (Falcon's multi-query attention caches one head and has
-    no `num_key_value_heads`; with its new decoder architecture it caches every query head
-    whatever `num_kv_heads` says), nor whether the family's attention dispatches through
-    transformers' interface, nor which layers have a window (Qwen2 and Gemma name one in the
-    config and keep full layers beside it)."""
-
-    def forward() -> DynamicCache:
-        cache = DynamicCache()
-        model(
-            input_ids=torch.zeros((1, 1), dtype=torch.long, device=device),
-            cache=cache,
-            use_cache=True,
-        )
-        return cache
-
-    with torch.inference_mode():
-        cache, probed = paged.probe(model, text, forward)
-    layers = text.num_hidden_layers
-    # A linear-attention layer (hybrid models) caches no keys.
-    cached = [k for k in (getattr(layer, "keys", None) for layer in cache.layers) if k is not None]
-    shapes = {(keys.shape[1], keys.shape[3]) for keys in cached}  # [1, heads, 1, head dim]
-    if len(cached) != layers or len(shapes) != 1:
-        raise ValueError(
-            "models whose layers do not all cache keys and values of one shape are not supported"
-        )
-    kv_heads, head_dim = shapes.pop()
-    return int(kv_heads), int(head_dim), probed
-
 
 def _decode_padded(
     tables: int | list[list[int]], lengths: list[int], block_size: int, key_width: float
@@ -507,24 +380,6 @@ def _distinct_blocks(tables: list[list[int]], lengths: list[int], block_size: in
         }
         - {0}
     )
-
-
-@dataclass
-class StepLogits:
-    """One step's last-position logits, a row per scheduled sequence in the order of the
-    step's work; `ok[i]` is False where that sequence's forward failed (its row is garbage,
-    or there is no tensor at all when every forward failed)."""
-
-    values: torch.Tensor | None
-    ok: list[bool]
-
-
-def _place(values: torch.Tensor | None, rows: torch.Tensor, at: list[int], n: int) -> torch.Tensor:
-    """`values` (made `[n, vocab]` when None) with `rows` written at the indexes `at`."""
-    if values is None:
-        values = torch.zeros((n, rows.shape[-1]), dtype=rows.dtype, device=rows.device)
-    values[_to(at, rows.device)] = rows
-    return values
 
 
 def _to(values: list[Any], device: torch.device) -> torch.Tensor:
