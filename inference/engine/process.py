@@ -22,8 +22,9 @@ every message waiting, steps while it holds anything, and sends the step's outpu
 
 The parent has the same verbs (`add`, `abort`, `step`, which returns the outputs that have
 arrived) and `generate`, a loop over them that feeds a source at most `credit` requests ahead
-of their results, so a short queue of ready requests waits in the child's engine (it never
-waits on the pipe while the worker keeps up) and the rest wait, claimed, in the worker.
+of their results (its bookkeeping: process_feeding.py), so a short queue of ready requests
+waits in the child's engine (it never waits on the pipe while the worker keeps up) and the
+rest wait, claimed, in the worker.
 Interactive requests (priority > 0) go past the credit; in the child the engine's scheduler
 puts them ahead of batch (scheduler.py). A call
 abandoned by its caller aborts what it left in the child, whose results are then dropped.
@@ -57,6 +58,7 @@ from typing import Any
 from .config import EngineConfig
 from .lockstep import RankSetup
 from .process_child import child_main, follower_main
+from .process_feeding import Credit, Feeding
 from .types import GenerationRequest, GenerationResult, PartialResult
 
 logger = logging.getLogger(__name__)
@@ -227,8 +229,8 @@ class EngineProcess:
         request (priority > 0) is sent past the credit."""
         if self.broken:
             raise EngineProcessError("the engine process is broken")
-        credit = _Credit(self.credit)
-        feeding = _Feeding()
+        credit = Credit(self.credit)
+        feeding = Feeding()
         feeder = threading.Thread(
             target=self._feed, args=(requests, credit, feeding), name="engine-feed", daemon=True
         )
@@ -262,7 +264,7 @@ class EngineProcess:
                 feeder.join(timeout=_POLL_SECONDS * 2)
 
     def _feed(
-        self, requests: Iterable[GenerationRequest], credit: _Credit, feeding: _Feeding
+        self, requests: Iterable[GenerationRequest], credit: Credit, feeding: Feeding
     ) -> None:
         try:
             for request in requests:
@@ -351,66 +353,3 @@ class EngineProcess:
                 if idle_ok:
                     return ("idle", None)
                 raise EngineProcessError(f"no answer in {timeout:.0f} s")
-
-
-class _Feeding:
-    """One `generate` call's requests: those sent and not answered, and whether the source
-    is exhausted (the call is over once it is and every request sent was answered)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._out: set[str] = set()
-        self._exhausted = False
-        self.stopped = False
-
-    def sent(self, request_id: str) -> bool:
-        """Note a request about to be sent; False once the call has stopped."""
-        with self._lock:
-            if self.stopped:
-                return False
-            self._out.add(request_id)
-            return True
-
-    def answered(self, request_id: str) -> None:
-        with self._lock:
-            self._out.discard(request_id)
-
-    def exhausted(self) -> None:
-        with self._lock:
-            self._exhausted = True
-
-    def over(self) -> bool:
-        with self._lock:
-            return self._exhausted and not self._out
-
-    def stop(self) -> set[str]:
-        """End the call: nothing more is sent; returns what was sent and not answered."""
-        with self._lock:
-            self.stopped = True
-            return set(self._out)
-
-
-class _Credit:
-    """Requests the child may hold without a result. When it is spent, an interactive request
-    goes past it (what was overdrawn comes back before any credit is given again)."""
-
-    def __init__(self, credit: int) -> None:
-        self._free = threading.Semaphore(credit)
-        self._lock = threading.Lock()
-        self._overdrawn = 0
-
-    def acquire(self, timeout: float, *, interactive: bool) -> bool:
-        if self._free.acquire(timeout=0 if interactive else timeout):
-            return True
-        if interactive:
-            with self._lock:
-                self._overdrawn += 1
-            return True
-        return False
-
-    def release(self) -> None:
-        with self._lock:
-            if self._overdrawn:
-                self._overdrawn -= 1
-                return
-        self._free.release()
