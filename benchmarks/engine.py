@@ -16,7 +16,9 @@ depends on its prompt length only and is the same whichever strategy runs it. St
       the engine's goal is measured against): 512 blocks of 32 tokens, a 512-token step
       budget, SDPA attention, 32 requests a step, requests streamed to its manager one by
       one and results taken as they finish;
-- (d) `inference.engine.Engine`, 32 rows.
+- (d) `inference.engine.Engine`, 32 rows;
+- (o) with `--old-engine DIR` (a copy of an older `inference/engine`, see below), that engine,
+      32 rows, run beside the others: old against new in one run.
 
 Each is warmed up, runs `--rounds` times (alternating, so that load from other processes falls
 on all alike) and reports its median. tok/s counts each request's real output tokens.
@@ -530,7 +532,9 @@ def main() -> None:
         help="the device's memory bandwidth for the roofline (default: known GPUs by name)",
     )
     parser.add_argument("--host-rows", type=int, nargs="*", help="measure host time (see doc)")
-    parser.add_argument("--old-engine", type=Path, help="an older engine package, for --host-rows")
+    parser.add_argument(
+        "--old-engine", type=Path, help="an older engine package: run beside the engine as (o)"
+    )
     parser.add_argument("--json", type=Path, help="also write each request count's figures here")
     args = parser.parse_args()
 
@@ -590,6 +594,7 @@ def main() -> None:
         return
 
     summary: list[dict[str, Any]] = []
+    build_old = load_engine_builder(args.old_engine) if args.old_engine else None
     for count in args.requests:
         requests = make_requests(tokenizer, count, args.seed)
         expected = [hidden.length(len(r.prompt_ids)) for r in requests]
@@ -617,6 +622,9 @@ def main() -> None:
             ),
             f"(d) engine, {WIDTH} rows": lambda r=requests, e=engine: run_engine(e, r),
         }
+        if build_old is not None:  # the same engine before a change, side by side
+            old = build_old(model, tokenizer, context_length=2048, max_batch_size=WIDTH)
+            runs[f"(o) the old engine, {WIDTH} rows"] = lambda r=requests, e=old: run_engine(e, r)
         runs = {name: run for name, run in runs.items() if name[1] not in args.skip}
         wanted = {name: sample_expected if name.startswith("(a)") else expected for name in runs}
         rates = measure(runs, wanted, args.rounds)
