@@ -1,7 +1,8 @@
 """What every generation engine offers the worker: the in-process `Engine` (engine.py), the
 engine in a child process (`EngineProcess`, process.py), the containment wrapper
-(`Contained`, containment.py) and the scale benchmarks' `FakeEngine`
-(inference/demo/fake_engine.py).
+(`Contained`, containment.py), the scale benchmarks' `FakeEngine`
+(inference/demo/fake_engine.py), and `ExternalEngine` (inference/external/engine.py), whose
+rows an OpenAI-compatible server answers.
 
 The worker's pipeline (batches/execution/) reads these and nothing else, so it never has to
 ask an engine what it is. Its run drives the verbs (`add`, `abort`, `step`), as vLLM's engine

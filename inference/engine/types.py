@@ -89,6 +89,12 @@ class GenerationRequest:
     priority: int = 0
     # The caller relays tokens as they come: an engine that can may yield PartialResults.
     stream: bool = False
+    # The row's Chat Completions body as the user sent it: an external engine
+    # (inference/external/engine.py) posts it to its server, model replaced; Boardwalk's own
+    # engine reads prompt_ids and params instead.
+    body: dict[str, Any] | None = None
+    # Epoch seconds after which the row must never be sent (the batch's expiry); None: none.
+    deadline: float | None = None
 
 
 @dataclass
@@ -137,3 +143,6 @@ class GenerationResult:
     aborted: bool = False
     error: str | None = None  # ERROR_CONTEXT_LENGTH | ERROR_INVALID_REQUEST | ERROR_INTERNAL
     params: SamplingParams | None = None  # the request's, echoed for the completion body
+    # An external engine's answer body, as its server sent it (the recorder builds the row's
+    # response from it); None from Boardwalk's own engine.
+    response: dict[str, Any] | None = None

@@ -11,7 +11,11 @@ One small module a job, none importing torch or Django:
   retryable with `Retry-After`, final, not sent past its deadline);
 - `limits`: the adaptive in-flight limit per revision (AIMD between a floor and the
   revision's `max_in_flight`), bounded across worker processes by leases in Redis;
-- `backoff`: jittered exponential waits honouring `Retry-After`, never past a deadline.
+- `backoff`: jittered exponential waits honouring `Retry-After`, never past a deadline;
+- `engine`: `ExternalEngine`, the `GenerationEngine` (inference/engine/protocol.py) the
+  worker drives for such a revision: rows added are sent from one asyncio loop under the
+  limit, retried with the backoff within their attempts and deadline, and come back from
+  `step` as results with the server's answer and usage.
 
 What exists and what is next: docs/DEPLOYMENT.md, "Batches on an existing engine fleet".
 """

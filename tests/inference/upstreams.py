@@ -7,7 +7,8 @@ the tests built, and waits for `/v1/models`; it skips the test, saying why, wher
 `FaultProxy` stands between the client and the server (or in front of nothing) and answers
 each request as its plan says: forwarded, a status with `Retry-After`, a cut connection, a cut
 in the middle of an answer, a stall, or 401 without the right key. It counts what reached it,
-and how many requests it held at once.
+and how many requests it held at once; `hold` keeps a request unanswered until its client closes
+the connection, which the proxy notes (`closed_by_client`), as vLLM notices a client gone.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import http.client
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -134,7 +136,8 @@ def _wait_until_up(served: Served) -> None:
 class Fault:
     """One answer of the proxy. `kind`: forward, status, cut (no answer at all), cut_body
     (headers and half a body, then closed), stall (no answer until `seconds` pass or the
-    proxy closes, then closed). `path`: requests whose path ends so take it."""
+    proxy closes, then closed), hold (no answer until the client closes its connection, or
+    `seconds` pass, or the proxy closes). `path`: requests whose path ends so take it."""
 
     kind: str
     status: int = 0
@@ -161,17 +164,29 @@ def stall(seconds: float | None = None, **kw: Any) -> Fault:
     return Fault("stall", seconds=seconds, **kw)
 
 
+def hold(seconds: float | None = None, **kw: Any) -> Fault:
+    return Fault("hold", seconds=seconds, **kw)
+
+
 class FaultProxy:
     """An HTTP proxy on a free port in a thread; `url` is its OpenAI base (`…/v1`)."""
 
     def __init__(
-        self, upstream: str | None = None, *, api_key: str | None = None, delay: float = 0.0
+        self,
+        upstream: str | None = None,
+        *,
+        api_key: str | None = None,
+        delay: float = 0.0,
+        without_usage: bool = False,
     ) -> None:
         self.upstream = urlsplit(upstream) if upstream else None
         self.api_key = api_key
         self.delay = delay  # seconds every forwarded request is held first
+        self.without_usage = without_usage  # forwarded answers lose their `usage`
         self.faults: deque[Fault] = deque()
+        # Each request: method, path, json, authorization, and `answer`, the fault's kind.
         self.seen: list[dict[str, Any]] = []
+        self.closed_by_client: list[dict[str, Any]] = []  # held requests their client left
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -227,31 +242,32 @@ class FaultProxy:
         return Fault("forward")
 
     def _handle(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        seen = {
+            "method": handler.command,
+            "path": handler.path,
+            "json": json.loads(body) if body else None,
+            "authorization": handler.headers.get("authorization"),
+        }
         with self._lock:
-            self.seen.append(
-                {
-                    "method": handler.command,
-                    "path": handler.path,
-                    "json": json.loads(body) if body else None,
-                    "authorization": handler.headers.get("authorization"),
-                }
-            )
+            self.seen.append(seen)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            self._answer(handler, body)
+            self._answer(handler, body, seen)
         finally:
             with self._lock:
                 self.in_flight -= 1
 
-    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes, seen: dict[str, Any]) -> None:
         if self.api_key is not None and handler.headers.get("authorization") != (
             f"Bearer {self.api_key}"
         ):
             error = {"error": {"message": "Invalid API key", "type": "invalid_request_error"}}
+            seen["answer"] = "unauthorized"
             self._reply(handler, 401, json.dumps(error).encode())
             return
         fault = self._next(handler.path)
+        seen["answer"] = fault.kind
         if fault.kind == "status":
             headers = {"retry-after": fault.retry_after} if fault.retry_after else {}
             default = {"error": {"message": f"injected {fault.status}", "code": "injected"}}
@@ -268,6 +284,11 @@ class FaultProxy:
             self._cut(handler)
         elif fault.kind == "stall":
             self._closing.wait(fault.seconds)
+            self._cut(handler)
+        elif fault.kind == "hold":
+            if self._client_left(handler, fault.seconds):
+                with self._lock:
+                    self.closed_by_client.append(seen)
             self._cut(handler)
         else:
             self._forward(handler, body)
@@ -291,6 +312,10 @@ class FaultProxy:
                 for k, v in response.getheaders()
                 if k.lower() in ("content-type", "retry-after")
             }
+            if self.without_usage and response.status == 200:
+                answer = json.loads(content)
+                answer.pop("usage", None)
+                content = json.dumps(answer).encode()
             self._reply(handler, response.status, content, kept)
         finally:
             connection.close()
@@ -310,6 +335,23 @@ class FaultProxy:
         handler.end_headers()
         handler.wfile.write(content)
         handler.wfile.flush()
+
+    def _client_left(self, handler: BaseHTTPRequestHandler, seconds: float | None) -> bool:
+        """Wait, answering nothing, until the client closes its connection (True), or
+        `seconds` pass or the proxy closes (False)."""
+        give_up = None if seconds is None else time.monotonic() + seconds
+        sock = handler.connection
+        while not self._closing.is_set():
+            if give_up is not None and time.monotonic() >= give_up:
+                return False
+            readable, _, _ = select.select([sock], [], [], 0.05)
+            if readable:
+                try:
+                    if sock.recv(1, socket.MSG_PEEK) == b"":
+                        return True
+                except OSError:
+                    return True
+        return False
 
     @staticmethod
     def _cut(handler: BaseHTTPRequestHandler) -> None:
