@@ -276,9 +276,22 @@ class ExternalEngine:
             with self._ready:
                 if not self._closing:
                     self.broken = True
+                    self._closing = True  # rows cancelled below give no results
                 self._ready.notify_all()
+            self._abandon()
             started.set()
             self._loop.close()
+
+    def _abandon(self) -> None:
+        """After the loop stopped abruptly, best effort: cancel what it held, `_main` with
+        it, whose end cancels the rows (closing their connections) and closes the client.
+        A loop that ended through `close` holds nothing."""
+        tasks = [task for task in asyncio.all_tasks(self._loop) if not task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
     async def _main(self, started: threading.Event) -> None:
         self._stop = asyncio.Event()

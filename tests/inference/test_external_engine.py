@@ -315,3 +315,26 @@ def test_a_generate_call_abandoned_aborts_what_it_left(proxy, engine_of):
     wait_for(lambda: seeds(proxy.closed_by_client) == [held])  # its connection closed
     wait_for(lambda: not engine.has_unfinished)
     assert engine.step() == []  # the abandoned rows' results are dropped, not handed on
+
+
+def test_a_row_with_no_body_is_refused_without_a_request(proxy, engine_of):
+    engine = engine_of(proxy)
+    engine.add(GenerationRequest(id="bare", prompt_ids=[1, 2], params=SamplingParams(3)))
+    [result] = results_of(engine, 1).values()
+    assert result.error == ItemCode.INVALID_REQUEST and result.prompt_tokens == 2
+    assert proxy.seen == []
+
+
+def test_the_engine_is_broken_only_when_its_loop_dies(proxy, engine_of):
+    engine = engine_of(proxy, max_in_flight=1)
+    proxy.plan(hold())
+    engine.add(row(1))
+    wait_for(lambda: proxy.in_flight == 1)
+    assert not engine.broken
+    engine._loop.call_soon_threadsafe(engine._loop.stop)  # the loop's thread ends abruptly
+    wait_for(lambda: engine.broken)
+    assert engine.step(wait=0.1) == []  # what was held is the caller's to hand back
+    wait_for(lambda: seeds(proxy.closed_by_client) == [1])  # and its connection closed
+    assert not engine.has_unfinished
+    engine.add(row(2))  # taken, never answered
+    assert not engine.has_unfinished
