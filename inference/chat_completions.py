@@ -174,6 +174,68 @@ def usage_payload(
     }
 
 
+_RELAYED_MESSAGE = ("role", "content", "refusal", "tool_calls", "reasoning_content")
+
+
+def relayed_completion_body(
+    result: GenerationResult,
+    *,
+    completion_id: str,
+    model: str,
+    model_config_id: str,
+    created: int,
+) -> dict[str, Any]:
+    """The Chat Completions body of a result an external engine answered (`result.response`,
+    its server's body): its choices as the server gave them (the message's content, refusal,
+    tool calls and reasoning, the finish reason, logprobs), under Boardwalk's id, model name
+    and fingerprint, with the usage the result carries (the server's, or counted with the
+    revision's tokenizer where it gave none: docs/BILLING.md)."""
+    response = result.response or {}
+    choices = []
+    for index, choice in enumerate(response.get("choices") or []):
+        message = choice.get("message") or {}
+        kept = {k: message[k] for k in _RELAYED_MESSAGE if message.get(k) is not None}
+        kept.setdefault("role", "assistant")
+        kept.setdefault("content", None)
+        choices.append(
+            {
+                "index": choice.get("index", index),
+                "message": kept,
+                "finish_reason": choice.get("finish_reason") or "stop",
+                "logprobs": choice.get("logprobs"),
+            }
+        )
+    details = (response.get("usage") or {}).get("completion_tokens_details") or {}
+    reasoning = int(details.get("reasoning_tokens") or 0)
+    return _envelope(result, completion_id, model, model_config_id, created, choices, reasoning)
+
+
+def _envelope(
+    result: GenerationResult,
+    completion_id: str,
+    model: str,
+    model_config_id: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    reasoning: int,
+) -> dict[str, Any]:
+    """A Chat Completions body around its choices, with the result's usage."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": model_config_id,
+        "choices": choices,
+        "usage": usage_payload(
+            prompt=result.prompt_tokens,
+            cached=result.cached_tokens,
+            completion=result.completion_tokens,
+            reasoning=reasoning,
+        ),
+    }
+
+
 def completion_body(
     result: GenerationResult,
     *,
@@ -200,20 +262,7 @@ def completion_body(
                 choice, reply, seed=f"{completion_id}:{choice.index}", tools=tools, skip=thought
             )
         )
-    return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": model_config_id,
-        "choices": choices,
-        "usage": usage_payload(
-            prompt=result.prompt_tokens,
-            cached=result.cached_tokens,
-            completion=result.completion_tokens,
-            reasoning=reasoning,
-        ),
-    }
+    return _envelope(result, completion_id, model, model_config_id, created, choices, reasoning)
 
 
 def _reasoning_tokens(choice: Choice, reply: Reply, decoder: TextDecoder | None) -> int:

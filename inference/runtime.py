@@ -22,18 +22,20 @@ from inference.engine.loading import ModelLoadError, load_model, load_processor
 from inference.engine.process import EngineProcess, EngineProcessError
 from inference.engine.protocol import GenerationEngine
 from inference.engine.types import GenerationRequest, GenerationResult, SamplingParams
+from inference.external.engine import ExternalEngine
 from inference.models import ModelRevision
 
 
 class ExternalRevision(ModelLoadError):
-    """The revision is answered by an external engine (inference/external/), which this
-    release's workers do not dispatch to yet: nothing of it is loaded here."""
+    """The revision is answered by an external engine (inference/external/): Boardwalk's own
+    engine never loads it (its directory holds no weights); `inference.external.check` asks
+    its server instead."""
 
     def __init__(self, revision: ModelRevision) -> None:
         super().__init__(
             f"revision {revision.id} is answered by the external engine at "
-            f"{revision.engine_url}; workers do not dispatch rows to external engines yet, "
-            'so nothing is loaded (docs/DEPLOYMENT.md "Batches on an existing engine fleet")'
+            f"{revision.engine_url}: nothing of it is loaded here, its server is asked instead "
+            "(model add --check)"
         )
 
 
@@ -106,17 +108,22 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
     """The process's engine for `revision`: an `EngineProcess` (the engine in a child
     process, BOARDWALK_ENGINE_PROCESS, the default), an in-process `Engine`, or a
     `FakeEngine` when BOARDWALK_ENGINE_BACKEND=fake:<step ms>, for scale benchmarks.
-    An external revision raises ExternalRevision (a ModelLoadError)."""
-    _refuse_external(revision)
+    For an external revision, an `ExternalEngine` (inference/external/engine.py): the rows go
+    to its server, nothing is loaded but the tokenizer."""
     with _lock:
         cached = _engines.get(revision.id)
         if cached is not None:
             _engines.move_to_end(revision.id)
             return cached
     backend = settings.ENGINE_BACKEND
-    if backend.startswith("fake:"):
+    if revision.is_external:
         tokenizer = _load_tokenizer(revision)
-        engine: GenerationEngine = FakeEngine(
+        engine: GenerationEngine = ExternalEngine.of(
+            revision, tokenizer, redis_url=settings.REDIS_URL or None
+        )
+    elif backend.startswith("fake:"):
+        tokenizer = _load_tokenizer(revision)
+        engine = FakeEngine(
             tokenizer,
             context_length=revision.context_length,
             max_batch_size=settings.ENGINE_MAX_BATCH_SIZE,
@@ -168,7 +175,7 @@ def _engine_config(revision: ModelRevision) -> EngineConfig:
 
 def _close(engine: GenerationEngine) -> None:
     """An engine process ends with its last reference here (an in-process engine is freed)."""
-    if isinstance(engine, EngineProcess):
+    if isinstance(engine, EngineProcess | ExternalEngine):
         engine.close()
 
 

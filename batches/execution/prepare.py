@@ -179,6 +179,10 @@ class Preparer:
                 sampling_params(body, tokenizer=self.tokenizer, prompt=ids),
                 cache_scope=cache_scope(item),
                 media=inputs,
+                # What an external engine sends (inference/external/engine.py), and when the
+                # row may no longer be sent: the batch's expiry. Local engines use the ids.
+                body=body,
+                deadline=item.batch.expires_at.timestamp(),
             )
         except PlaceholderMismatch:
             # The template lost a part, or a placeholder is quoted where it cannot be escaped.

@@ -45,6 +45,7 @@ need them for this module.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import queue
@@ -159,6 +160,8 @@ class EngineProcess:
         """Queue a request in the child's engine; its result comes out of a later `step`."""
         with self._lock:
             self._unanswered.add(request.id)
+        if request.body is not None:  # the child generates from the ids: not pickled over
+            request = dataclasses.replace(request, body=None)
         self._outgoing.put(("add", request))
 
     def abort(self, request_ids: Collection[str]) -> None:

@@ -17,8 +17,12 @@ and each row added becomes a task there that
 `step(wait=…)` returns the results finished since the last step, waiting up to `wait` seconds
 for the first; there is no local work, so `interrupt` is not needed. A success becomes one
 `Choice` per upstream choice (the message's text, no token ids), with the server's `usage`
-and its answer body (`GenerationResult.response`); `busy_seconds` is the wall time the row's
-requests were at the upstream, attempts added up (waits for a slot or a retry excluded).
+and its answer body (`GenerationResult.response`); `busy_seconds` is the row's share of the
+server's GPU time: while n rows of this engine are at the server, each is counted 1/n of the
+elapsed time times the revision's declared GPUs, so the shares add up to GPUs x the wall time
+during which at least one row was in flight, overlap counted once (waits for a slot or a retry
+are not counted). Two worker processes sending to one server each count their own rows' time:
+their overlap is counted by both (docs/BILLING.md).
 `abort` cancels a row's task: a request in flight has its connection closed, which vLLM and
 SGLang take as an abort, and the row comes back `aborted=True`.
 
@@ -103,12 +107,15 @@ class ExternalEngine:
         backoff: Backoff | None = None,
         floor: int = 1,
         credit: int | None = None,
+        gpus: int = 1,
     ) -> None:
         """`upstream`: where rows go (`Upstream.of(revision)`); `tokenizer`: the revision's,
         which counts a row's tokens when the server reports no usage; `max_in_flight`: the
         revision's cap, the in-flight limit's; `revision_id`: names the limit shared by every
         worker process in Redis (`redis_url`; None: a limit in this process alone);
-        `max_attempts`: sends of one row at most, the first included."""
+        `max_attempts`: sends of one row at most, the first included; `gpus`: the GPUs the
+        server declares for this revision (`ModelRevision.engine_gpus`), which the rows' busy
+        time is counted in."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         if max_attempts < 1:
@@ -132,6 +139,7 @@ class ExternalEngine:
         self._outbox: list[GenerationResult | PartialResult] = []
         self._closing = False
         # The loop's own (touched only from its thread).
+        self._meter = _SharedClock(gpus)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._client: UpstreamClient | None = None
         self._limit: InFlightLimit | None = None
@@ -155,6 +163,7 @@ class ExternalEngine:
             tokenizer,
             max_in_flight=revision.max_in_flight,
             revision_id=str(revision.id),
+            gpus=revision.engine_gpus or 1,
             **options,
         )
 
@@ -377,11 +386,11 @@ class ExternalEngine:
             async with limit.held(deadline=deadline) as held:
                 if held is None:  # no slot before the deadline
                     return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
-                sent = time.monotonic()
+                self._meter.enter(busy)
                 try:
                     outcome = await client.send(request.body, deadline=deadline)
                 finally:
-                    busy[0] += time.monotonic() - sent
+                    self._meter.leave(busy)
                 held.report(signal_of(outcome))
             if isinstance(outcome, Success):
                 return self._succeeded(request, outcome.body, busy[0])
@@ -528,3 +537,31 @@ def _ended(
         error=error,
         params=request.params,
     )
+
+
+class _SharedClock:
+    """The server's GPU time, shared out among the rows at it (touched only from the loop's
+    thread): each change of the set in flight first credits every row in it with its share
+    of the time since the last change."""
+
+    def __init__(self, gpus: int, now: Callable[[], float] = time.monotonic) -> None:
+        self._gpus = gpus
+        self._now = now
+        self._cells: dict[int, list[float]] = {}  # id(cell) → a row's busy seconds
+        self._mark = now()
+
+    def enter(self, cell: list[float]) -> None:
+        self._advance()
+        self._cells[id(cell)] = cell
+
+    def leave(self, cell: list[float]) -> None:
+        self._advance()
+        self._cells.pop(id(cell), None)
+
+    def _advance(self) -> None:
+        now = self._now()
+        if self._cells:
+            share = (now - self._mark) * self._gpus / len(self._cells)
+            for cell in self._cells.values():
+                cell[0] += share
+        self._mark = now

@@ -338,3 +338,27 @@ def test_the_engine_is_broken_only_when_its_loop_dies(proxy, engine_of):
     assert not engine.has_unfinished
     engine.add(row(2))  # taken, never answered
     assert not engine.has_unfinished
+
+
+def test_rows_at_the_server_together_share_its_gpu_time_once():
+    """A private deployment pays its declared GPUs x the time at least one of its rows is in
+    flight, overlap counted once: each row's busy time is its share of that."""
+    from inference.external.engine import _SharedClock
+
+    now = [100.0]
+    clock = _SharedClock(gpus=2, now=lambda: now[0])
+    a, b = [0.0], [0.0]
+    clock.enter(a)
+    now[0] += 1.0  # a alone for a second
+    clock.enter(b)
+    now[0] += 2.0  # both for two
+    clock.leave(a)
+    now[0] += 1.0  # b alone for one
+    clock.leave(b)
+    now[0] += 5.0  # nothing in flight: nobody pays
+    clock.enter(a)
+    clock.leave(a)
+
+    assert a[0] == 2 * (1.0 + 2.0 / 2)
+    assert b[0] == 2 * (2.0 / 2 + 1.0)
+    assert a[0] + b[0] == 2 * 4.0  # GPUs x the 4 s during which a row was in flight

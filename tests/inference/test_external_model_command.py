@@ -19,9 +19,9 @@ from django.core.management.base import CommandError
 
 from inference.engine.loading import ModelLoadError
 from inference.models import CatalogModel, Deployment, ModelRevision
-from inference.runtime import ExternalRevision, engine_for, revision_check, tokenizer_for
+from inference.runtime import ExternalRevision, engine_drop, revision_check, tokenizer_for
 from tests.batches.conftest import finalize, rows, run_worker, submit
-from tests.conftest import PRICES, Api, Tenant, jsonl
+from tests.conftest import PRICES, Api, Tenant, content_of, jsonl, parse_jsonl
 from tests.inference.upstreams import FaultProxy, Served, free_port, serve, status
 
 pytestmark = pytest.mark.django_db
@@ -127,23 +127,44 @@ def test_add_checks_the_server_and_counts_as_a_local_revision_would(
     assert bad.status_code == 400
 
 
-def test_workers_refuse_to_load_an_external_revision_until_dispatch_exists(
-    served, tokenizer_dir, api: Api
-):
+def test_a_batch_on_an_external_revision_is_answered_by_its_server(served, tokenizer_dir, api: Api):
     added = model("add", "acme/external", *external(served, tokenizer_dir), *BATCH_PRICES)
     assert "check" not in added  # without --check nothing asks the server
     revision = ModelRevision.objects.get(id=added["revision"]["id"])
-    with pytest.raises(ExternalRevision, match="do not dispatch rows to external engines yet"):
-        engine_for(revision)
+    with pytest.raises(ExternalRevision, match="its server is asked instead"):
+        revision_check(revision)  # Boardwalk's engine never loads it: no weights here
     with pytest.raises(ModelLoadError):
         revision_check(revision)
     assert tokenizer_for(revision).chat_template  # the tokenizer is the directory's
-    # A batch on it today: the worker fails it as a model it cannot load, saying so.
-    batch = submit(api, rows(1, model="acme/external"), key="ext-1")
-    run_worker(batch["id"])
-    failed = finalize(batch["id"])
-    assert failed is not None and failed.status == "failed"
-    assert failed.errors["data"][0]["code"] == "model_load_failed"
+    batch = submit(api, rows(3, model="acme/external", max_tokens=4), key="ext-1")
+    try:
+        run_worker(batch["id"])
+    finally:
+        engine_drop(revision.id)  # its loop thread and connections end with the test
+    done = finalize(batch["id"])
+    assert done is not None and done.status == "completed", done and done.errors
+
+    output = parse_jsonl(content_of(api.get(f"/v1/files/{done.output_file_id}/content")))
+    assert sorted(r["custom_id"] for r in output) == ["task-0", "task-1", "task-2"]
+    for row in output:
+        assert row["error"] is None and row["response"]["status_code"] == 200
+        body = row["response"]["body"]
+        # The server's answer under Boardwalk's names: the id, model and fingerprint.
+        assert body["id"].startswith("chatcmpl-") and body["model"] == "acme/external"
+        assert body["system_fingerprint"] == revision.id
+        (choice,) = body["choices"]
+        assert choice["message"]["role"] == "assistant"
+        assert isinstance(choice["message"]["content"], str)
+        assert 0 < body["usage"]["completion_tokens"] <= 4
+        assert body["usage"]["prompt_tokens"] > 0
+    # What was billed is what the rows say they used.
+    done.refresh_from_db()
+    assert done.usage["output_tokens"] == sum(
+        r["response"]["body"]["usage"]["completion_tokens"] for r in output
+    )
+    assert done.usage["input_tokens"] == sum(
+        r["response"]["body"]["usage"]["prompt_tokens"] for r in output
+    )
 
 
 def test_inspect_with_an_engine_url_asks_the_server(served, tokenizer_dir):
@@ -320,3 +341,21 @@ def test_the_tokenizer_directory_is_checked_as_a_models_is(tokenizer_dir, served
         assert said in message
     message = refused("add", "acme/x", *external(served, tmp_path / "absent"))
     assert "is not a directory: --tokenizer names the model's tokenizer directory" in message
+
+
+def test_an_interactive_request_on_an_external_revision_is_refused_before_anything_is_held(
+    served, tokenizer_dir, api: Api
+):
+    from billing.models import LedgerEntry
+
+    model("add", "acme/external", *external(served, tokenizer_dir), *BATCH_PRICES)
+    before = LedgerEntry.objects.count()
+    response = api.post(
+        "/v1/chat/completions",
+        {"model": "acme/external", "messages": [{"role": "user", "content": "Hi"}]},
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "model_not_interactive"
+    assert "external engine" in error["message"] and "batch" in error["message"]
+    assert LedgerEntry.objects.count() == before  # nothing held, nothing charged
