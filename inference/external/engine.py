@@ -67,6 +67,8 @@ __all__ = ["ExternalEngine", "final_code"]
 
 logger = logging.getLogger(__name__)
 
+_REDIS_TIMEOUT_SECONDS = 10.0  # one in-flight-limit command (a script of a few operations)
+
 _START_SECONDS = 30.0  # the loop thread builds its client and limit at once
 _POLL_SECONDS = 0.5  # how often `generate` checks its abort set
 _CLOSE_SECONDS = 10.0
@@ -324,7 +326,10 @@ class ExternalEngine:
             return LocalInFlightLimit(cap=cap, floor=floor), None
         import redis.asyncio as aioredis
 
-        redis = aioredis.Redis.from_url(self._redis_url)
+        # A reply that never comes fails its row's send instead of holding it for ever.
+        redis = aioredis.Redis.from_url(
+            self._redis_url, socket_timeout=_REDIS_TIMEOUT_SECONDS, socket_connect_timeout=5
+        )
         limit = RedisInFlightLimit(
             redis, self._revision_id, cap=cap, floor=floor, prefix=self._redis_prefix
         )

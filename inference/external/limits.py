@@ -145,20 +145,25 @@ class InFlightLimit:
             yield None
             return
         held = Held(slot)
-        renewing = asyncio.create_task(self._keep(slot))
+        done = asyncio.Event()
+        renewing = asyncio.create_task(self._keep(slot, done))
         try:
             yield held
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            # Stopped between renewals, never cancelled inside one: a Redis command cut
+            # short can leave its connection waiting for a reply it already skipped.
+            done.set()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(renewing)
             await asyncio.shield(self.release(slot, held.signal))
             self._notify()
 
-    async def _keep(self, slot: Slot) -> None:
-        while True:
-            await asyncio.sleep(self.ttl_seconds / 3)
-            await self.renew(slot)
+    async def _keep(self, slot: Slot, done: asyncio.Event) -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.ttl_seconds / 3)
+            if not done.is_set():
+                await self.renew(slot)
 
 
 @dataclass

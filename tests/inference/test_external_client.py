@@ -358,7 +358,7 @@ def redis_limits() -> Iterator[Any]:
     revision = f"mcfg_test_{uuid.uuid4().hex}"
 
     def make(**options: Any) -> RedisInFlightLimit:
-        client = aioredis.Redis.from_url(django_settings.REDIS_URL)
+        client = aioredis.Redis.from_url(django_settings.REDIS_URL, socket_timeout=10)
         return RedisInFlightLimit(client, revision, prefix="boardwalk-test:external", **options)
 
     yield make
@@ -395,7 +395,7 @@ def test_two_workers_share_one_bound_and_one_window(redis_limits):
         for limit in (one, two):
             await limit._redis.aclose()
 
-    asyncio.run(go())
+    asyncio.run(asyncio.wait_for(go(), 60))  # a hang guard, not a timing
 
 
 @redis_only
@@ -419,7 +419,7 @@ def test_slots_of_a_killed_worker_lapse(redis_limits):
         for limit in (killed, live):
             await limit._redis.aclose()
 
-    asyncio.run(go())
+    asyncio.run(asyncio.wait_for(go(), 60))  # a hang guard, not a timing
 
 
 # -- where the upstream is -----------------------------------------------------------------
