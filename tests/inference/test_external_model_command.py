@@ -6,22 +6,20 @@ built locally, and a fault-injecting proxy for the refusals a real server does n
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 from inference.engine.loading import ModelLoadError
 from inference.models import CatalogModel, Deployment, ModelRevision
 from inference.runtime import ExternalRevision, engine_drop, revision_check, tokenizer_for
 from tests.batches.conftest import finalize, rows, run_worker, submit
 from tests.conftest import PRICES, Api, Tenant, content_of, jsonl, parse_jsonl
+from tests.inference.test_model_command import model
+from tests.inference.test_model_command import refused as refused_with_json
 from tests.inference.upstreams import FaultProxy, Served, free_port, serve, status
 
 pytestmark = pytest.mark.django_db
@@ -33,30 +31,11 @@ BATCH_PRICES = tuple(
 )
 
 
-def model(*args: str) -> dict[str, Any]:
-    out = io.StringIO()
-    call_command("model", "--json", *args, stdout=out)
-    return json.loads(out.getvalue())
-
-
 def refused(*args: str) -> str:
     """The refusal's message; nothing may have been created, and --json printed it."""
-    before = (
-        ModelRevision.objects.count(),
-        CatalogModel.objects.count(),
-        Deployment.objects.count(),
-    )
-    out = io.StringIO()
-    with pytest.raises(CommandError) as caught:
-        call_command("model", "--json", *args, stdout=out)
-    after = (
-        ModelRevision.objects.count(),
-        CatalogModel.objects.count(),
-        Deployment.objects.count(),
-    )
-    assert after == before
-    assert json.loads(out.getvalue())["error"]["message"] == str(caught.value)
-    return str(caught.value)
+    message, printed = refused_with_json(*args)
+    assert printed["error"]["message"] == message
+    return message
 
 
 @pytest.fixture(scope="module")

@@ -296,20 +296,9 @@ class Command(BaseCommand):
         else:
             # Before the revision is made (and --check runs): a refusal creates nothing.
             catalog_prices_check(prices=prices, interactive_prices=interactive)
-        if engine is not None:
-            inspection, checked = (
-                _external(engine, context_length, dialect, prefix="--check")
-                if check
-                else (_external_inspection(engine, context_length, dialect), {})
-            )
-        else:
-            inspection = _servable(
-                _local_only(options, weights=weights),
-                context_length,
-                dtype,
-                tensor_parallel_size,
-                dialect,
-            )
+        inspection, checked = _inspection_of(
+            engine, options, weights, context_length, dtype, tensor_parallel_size, dialect, check
+        )
         missing = set(batch_media) - set(inspection.modalities)
         if missing:
             raise CommandError(
@@ -317,10 +306,9 @@ class Command(BaseCommand):
                 f"(it publishes {', '.join(inspection.modalities)})"
             )
         owner = organization_by_id_or_name(org) if deployment and org else None
-        if engine is not None:
-            revision = _external_revision(inspection, name=name, label=label)
-        else:
-            revision, checked = _revision(inspection, name=name, label=label, check=check)
+        revision, checked = _made_revision(
+            inspection, checked, external=engine is not None, name=name, label=label, check=check
+        )
         if owner is not None and gpu_second_price is not None:
             created = deployment_create(
                 org=owner, name=name, revision=revision, gpu_second_price=gpu_second_price
@@ -358,22 +346,12 @@ class Command(BaseCommand):
     ) -> dict[str, Any]:
         target = _named(name)
         engine = _engine(options, weights=weights, dtype=dtype, tp=tensor_parallel_size)
-        if engine is not None:
-            inspection, checked = (
-                _external(engine, context_length, dialect, prefix="--check")
-                if check
-                else (_external_inspection(engine, context_length, dialect), {})
-            )
-            revision = _external_revision(inspection, name=name, label=label)
-        else:
-            inspection = _servable(
-                _local_only(options, weights=weights),
-                context_length,
-                dtype,
-                tensor_parallel_size,
-                dialect,
-            )
-            revision, checked = _revision(inspection, name=name, label=label, check=check)
+        inspection, checked = _inspection_of(
+            engine, options, weights, context_length, dtype, tensor_parallel_size, dialect, check
+        )
+        revision, checked = _made_revision(
+            inspection, checked, external=engine is not None, name=name, label=label, check=check
+        )
         if isinstance(target, CatalogModel):
             catalog_model_set_revision(model=target, revision=revision)
             target.refresh_from_db()
@@ -587,6 +565,42 @@ def _external(
             engine, context_length, dialect, served_context_length=found.context_length
         )
     return inspection, {"check": {"ok": True} | found.as_dict()}
+
+
+def _inspection_of(
+    engine: dict[str, Any] | None,
+    options: dict[str, Any],
+    weights: str | None,
+    context_length: int | None,
+    dtype: str | None,
+    tensor_parallel_size: int,
+    dialect: str | None,
+    check: bool,
+) -> tuple[Inspection, dict[str, Any]]:
+    """What `add` and `set-revision` would make, refused before anything is: an external
+    engine's (its server asked with `--check`: what it found), else a local directory's
+    (`--check` runs once the revision is made, `_made_revision`)."""
+    if engine is not None:
+        if check:
+            return _external(engine, context_length, dialect, prefix="--check")
+        return _external_inspection(engine, context_length, dialect), {}
+    local = _local_only(options, weights=weights)
+    return _servable(local, context_length, dtype, tensor_parallel_size, dialect), {}
+
+
+def _made_revision(
+    inspection: Inspection,
+    checked: dict[str, Any],
+    *,
+    external: bool,
+    name: str,
+    label: str | None,
+    check: bool,
+) -> tuple[ModelRevision, dict[str, Any]]:
+    """The revision `_inspection_of` described, and what its check found."""
+    if external:
+        return _external_revision(inspection, name=name, label=label), checked
+    return _revision(inspection, name=name, label=label, check=check)
 
 
 def _external_revision(inspection: Inspection, *, name: str, label: str | None) -> ModelRevision:
