@@ -156,5 +156,7 @@ class ItemCode(StrEnum):
     INSUFFICIENT_CREDIT = "insufficient_credit"
     INTERNAL_ERROR = "internal_error"
     INVALID_MEDIA = "invalid_media"
+    INVALID_MODEL_OUTPUT = "invalid_model_output"
     INVALID_REQUEST = "invalid_request"
     OUTPUT_LIMIT_EXCEEDED = "output_limit_exceeded"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"

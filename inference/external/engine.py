@@ -29,8 +29,11 @@ SGLang take as an abort, and the row comes back `aborted=True`.
 A row's failure is its own result (`contains_failures`): a final answer (4xx) ends it as
 `invalid_request` (400, 413, 422), `context_length_exceeded` (the server says the prompt is
 too long), or `internal_error` (the key refused, the model not served: the revision's
-configuration, not the row); retries exhausted end it as `internal_error`. `broken` is set
-only when the loop's thread dies.
+configuration, not the row); retries exhausted end it as `upstream_unavailable` when the
+upstream stayed overloaded or out of reach, `internal_error` when it kept failing otherwise
+(`exhausted_code`). An answer that breaks the row's `response_format` or `tools`
+(`inference.external.validation`) ends it as `invalid_model_output`, not retried: the rule it
+broke is logged, never the answer. `broken` is set only when the loop's thread dies.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from inference.engine.types import (
     PartialResult,
 )
 from inference.external.backoff import Backoff, may_send
-from inference.external.client import Final, NotSent, Success, UpstreamClient
+from inference.external.client import Final, NotSent, Retryable, Success, UpstreamClient
 from inference.external.limits import (
     InFlightLimit,
     LocalInFlightLimit,
@@ -61,9 +64,10 @@ from inference.external.limits import (
     signal_of,
 )
 from inference.external.upstream import Upstream
+from inference.external.validation import answer_violation
 from inference.rendering import render_prompt, template_options
 
-__all__ = ["ExternalEngine", "final_code"]
+__all__ = ["ExternalEngine", "exhausted_code", "final_code"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +91,15 @@ def final_code(outcome: Final) -> ItemCode:
         return ItemCode.INVALID_REQUEST
     # 401/403 (the key), 404 (the model or the URL), 3xx: the revision's upstream is
     # misconfigured, nothing the row could change.
+    return ItemCode.INTERNAL_ERROR
+
+
+def exhausted_code(outcome: Retryable) -> ItemCode:
+    """The row's error code when its last attempt failed so: the upstream overloaded or out
+    of reach (429, 502, 503, 504, timeouts, connection errors) is `upstream_unavailable`; a
+    500 or an answer that is no chat completion on every attempt, `internal_error`."""
+    if outcome.congestion or outcome.status == 502:
+        return ItemCode.UPSTREAM_UNAVAILABLE
     return ItemCode.INTERNAL_ERROR
 
 
@@ -398,6 +411,11 @@ class ExternalEngine:
                     self._meter.leave(busy)
                 held.report(signal_of(outcome))
             if isinstance(outcome, Success):
+                broken = answer_violation(request.body, outcome.body)
+                if broken is not None:  # the rule only: never the answer's text
+                    code = ItemCode.INVALID_MODEL_OUTPUT
+                    logger.warning("external row %s: %s -> %s", request.id, broken, code)
+                    return _ended(request, busy[0], error=code)
                 return self._succeeded(request, outcome.body, busy[0])
             if isinstance(outcome, NotSent):
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
@@ -416,7 +434,7 @@ class ExternalEngine:
                     outcome.reason,
                     outcome.status,
                 )
-                return _ended(request, busy[0], error=ItemCode.INTERNAL_ERROR)
+                return _ended(request, busy[0], error=exhausted_code(outcome))
             at = self._backoff.retry_at(
                 time.time(), failures, deadline=deadline, retry_after=outcome.retry_after
             )

@@ -205,7 +205,7 @@ def test_retries_stop_at_the_rows_attempts(proxy, engine_of):
     engine = engine_of(proxy, max_attempts=3)
     engine.add(row(1))
     [result] = results_of(engine, 1).values()
-    assert result.error == ItemCode.INTERNAL_ERROR and result.choices == []
+    assert result.error == ItemCode.UPSTREAM_UNAVAILABLE and result.choices == []
     assert len(proxy.posts()) == 3
 
 

@@ -9,6 +9,8 @@ each request as its plan says: forwarded, a status with `Retry-After`, a cut con
 in the middle of an answer, a stall, or 401 without the right key. It counts what reached it,
 and how many requests it held at once; `hold` keeps a request unanswered until its client closes
 the connection, which the proxy notes (`closed_by_client`), as vLLM notices a client gone.
+A plan's `status(200, body=…)` is a canned answer; `without_usage` and `finish_reason` rewrite
+the server's own answers.
 """
 
 from __future__ import annotations
@@ -178,11 +180,15 @@ class FaultProxy:
         api_key: str | None = None,
         delay: float = 0.0,
         without_usage: bool = False,
+        finish_reason: str | None = None,
     ) -> None:
         self.upstream = urlsplit(upstream) if upstream else None
         self.api_key = api_key
         self.delay = delay  # seconds every forwarded request is held first
         self.without_usage = without_usage  # forwarded answers lose their `usage`
+        # Forwarded answers' choices say this `finish_reason` (the tiny model, cut by
+        # `max_tokens`, made to read as a model that stopped by itself).
+        self.finish_reason = finish_reason
         self.faults: deque[Fault] = deque()
         # Each request: method, path, json, authorization, and `answer`, the fault's kind.
         self.seen: list[dict[str, Any]] = []
@@ -312,9 +318,12 @@ class FaultProxy:
                 for k, v in response.getheaders()
                 if k.lower() in ("content-type", "retry-after")
             }
-            if self.without_usage and response.status == 200:
+            if (self.without_usage or self.finish_reason) and response.status == 200:
                 answer = json.loads(content)
-                answer.pop("usage", None)
+                if self.without_usage:
+                    answer.pop("usage", None)
+                for choice in answer["choices"] if self.finish_reason else ():
+                    choice["finish_reason"] = self.finish_reason
                 content = json.dumps(answer).encode()
             self._reply(handler, response.status, content, kept)
         finally:
