@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -57,6 +57,15 @@ from .scheduler import Scheduler
 from .sequence import Request, Sequence
 from .stepping import Stepper
 from .types import ERROR_INTERNAL, GenerationRequest, GenerationResult, PartialResult
+
+T = TypeVar("T")
+# How the engine reads what wall-clock time decides (lockstep.py): `agree(kind, read)` is
+# `read()` in one process; on a tensor-parallel engine the leader's reading, on every rank.
+Agree = Callable[[str, Callable[[], Any]], Any]
+
+
+def _alone(kind: str, read: Callable[[], T]) -> T:
+    return read()
 
 
 class Engine:
@@ -76,11 +85,15 @@ class Engine:
         *,
         processor: Any = None,
         ranks_check: Callable[[], None] | None = None,
+        agree: Agree | None = None,
     ) -> None:
         """`config`: how the engine runs (config.py). `processor`: the model's processor,
         for requests with media (media.py). `ranks_check`: on tensor-parallel ranks, whether
-        every rank is still there (lockstep.ranks_check)."""
+        every rank is still there (lockstep.ranks_check). `agree`: on tensor-parallel ranks,
+        the leader's reading of what wall-clock time decides (a step's time, the pacer's
+        clock, whether a decoding run stops), so every rank plans alike (lockstep.agreement)."""
         self.config = config
+        self._agree: Agree = agree or _alone
         self._runner = ModelRunner(
             model,
             tokenizer,
@@ -134,6 +147,7 @@ class Engine:
             media_modalities=self.media_modalities,
             new_sequence=self._sequence,
             pacer=self._pacer,
+            clock=lambda: self._agree("now", time.monotonic),
         )
         self._stepper = Stepper(
             self._scheduler,
@@ -232,6 +246,7 @@ class Engine:
         self, interrupt: Callable[[], bool] | None, run_seconds: float
     ) -> list[GenerationResult | PartialResult]:
         scheduler = self._scheduler
+        agree = self._agree
         began = time.perf_counter()
         with torch.inference_mode():
             run = None
@@ -240,10 +255,15 @@ class Engine:
             if run is None or interrupt is None:
                 stepped, advanced, finished, failed = self._stepper.step()
             else:
-                stepped, advanced, finished, failed = self._stepper.run(
-                    run, budget=run_seconds, interrupt=interrupt
-                )
-        spent = self._step_seconds = self._account(began, stepped)
+                until = began + run_seconds
+                asked = interrupt
+
+                def stop() -> bool:
+                    return agree("run", lambda: asked() or time.perf_counter() >= until)
+
+                stepped, advanced, finished, failed = self._stepper.run(run, stop=stop)
+        spent = agree("spent", lambda: time.perf_counter() - began)
+        self._step_seconds = self._account(spent, stepped)
         if scheduler.last_paced is not None:
             rows, tokens = scheduler.last_paced
             self._pacer.observe(spent, batch_rows=rows, batch_tokens=tokens)
@@ -322,8 +342,7 @@ class Engine:
                 self._call = None
                 self.reset()
 
-    def _account(self, began: float, sequences: list[Sequence]) -> float:
-        spent = time.perf_counter() - began
+    def _account(self, spent: float, sequences: list[Sequence]) -> float:
         if not sequences:
             return spent
         self.busy_seconds_total += spent

@@ -8,11 +8,16 @@ order, and the followers apply the same:
 
 - each `add` (with the seed the leader chose when the request had none, since an unseeded
   row draws its own random seed), each `abort`, and each `step`;
-- each poll of the aborted set by a request's run alone after a step raised (containment.py;
-  the engine polls it at every step: `abort_poll_seconds=0`, since its own poll interval is
-  wall-clock time, which differs between ranks). For the same reason batch is not paced beside
-  interactive requests (`interactive_step_seconds=0`, pacing.py) and steps are never merged
-  into decoding runs (runs.py ends a run on wall-clock time);
+- each poll of the aborted set by a request's run alone after a step raised (containment.py);
+- each reading of what wall-clock time decides (`agreement`): a step's time (the pacer learns
+  its caps from it, and `generate` polls aborts by it), the pacer's clock (it lingers a second
+  after the last interactive row) and, at each step of a decoding run, whether the run stops
+  (something new came for the leader, or its time is up). The leader reads and broadcasts,
+  the followers take its reading instead of their own. So batch is paced beside interactive
+  requests and steady decoding takes runs on every rank as on one: the plans cannot part.
+  Each costs one small broadcast on the gloo group: a step's time once a step, the run's
+  answer once a run step (in place of the "step" a single step would have broadcast), the
+  clock once a step only while the engine paces;
 - each forward that raised ("forward failed", `ranks_check`): a rank that died makes the
   others' collectives raise, which is no request's fault; the broadcast cannot reach it, so
   the engine is broken and its requests go back to the worker instead of failing.
@@ -139,11 +144,23 @@ def init_ranks(setup: RankSetup) -> tuple[Channel, str]:
     return Channel(group, setup.rank), "cuda" if cuda else "cpu"
 
 
-def lockstep_config(config: EngineConfig) -> EngineConfig:
-    """The engine's config on every rank: aborts polled at each step, not each 0.5 s, and
-    batch not paced beside interactive requests (pacing.py follows each step's wall-clock
-    time, which differs between ranks: their plans would part)."""
-    return dataclasses.replace(config, abort_poll_seconds=0.0, interactive_step_seconds=0.0)
+def agreement(channel: Channel) -> Callable[[str, Callable[[], Any]], Any]:
+    """The engine's `agree` (engine.py) on this rank: the leader reads and broadcasts its
+    reading, named by `kind`; a follower takes the leader's (and stops, LockstepBroken, where
+    the leader broadcast something else: the ranks have parted)."""
+    if channel.leader:
+
+        def lead(kind: str, read: Callable[[], Any]) -> Any:
+            value = read()
+            channel.share((kind, value))
+            return value
+
+        return lead
+
+    def follow_reading(kind: str, read: Callable[[], Any]) -> Any:
+        return _expect(channel.share(), kind)[1]
+
+    return follow_reading
 
 
 def ranks_check(channel: Channel) -> Callable[[], None]:
@@ -239,6 +256,10 @@ def followed_aborted(channel: Channel) -> Callable[[], Collection[str]]:
     return poll
 
 
+def _not_asked() -> bool:
+    return False
+
+
 def follow(engine: Any, channel: Channel) -> None:
     """A follower's life: apply the verbs the leader applies until it says "close"."""
     from .containment import Contained
@@ -254,7 +275,9 @@ def follow(engine: Any, channel: Channel) -> None:
         elif kind == "abort":
             core.abort(message[1])
         elif kind == "step":
-            core.step()
+            # The leader steps with its `interrupt`, so a follower steps with one too (a
+            # decoding run is planned alike); whether the run stops is the leader's answer.
+            core.step(interrupt=_not_asked)
         elif kind == "clear_prefix_cache":
             engine.clear_prefix_cache()
         elif kind == "close":

@@ -25,7 +25,6 @@ plan's state that the scheduler sets when it starts afresh.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -50,6 +49,7 @@ class StepPlanning:
     holding_interactive: Callable[[], bool]
     # The plan's state, set afresh by the scheduler's `_start` (what each is: there).
     _pacer: BatchPacer | None
+    _clock: Callable[[], float]
     _gather_rows: int
     _step_rows: int
     _step_tokens: int
@@ -140,7 +140,7 @@ class StepPlanning:
         if steps < 2:
             return None
         if self._pacer is not None and self._seen_interactive:
-            allow = self._pacer.allowance(interactive=0, prefill=False, now=time.monotonic())
+            allow = self._pacer.allowance(interactive=0, prefill=False, now=self._clock())
             if allow.limited:
                 return None
         self.last_paced = None
@@ -181,7 +181,7 @@ class StepPlanning:
         allow = pacer.allowance(
             interactive=max(decoding_interactive, int(prefill)),
             prefill=prefill,
-            now=time.monotonic(),
+            now=self._clock(),
         )
         return allow, prefill
 

@@ -38,20 +38,23 @@ def _build_engine(
 
     channel = None
     check = None
+    agree = None
     if setup is not None:
-        from .lockstep import agree_on_pool, init_ranks, lockstep_config, ranks_check
+        from .lockstep import agree_on_pool, agreement, init_ranks, ranks_check
 
         channel, device = init_ranks(setup)
         load = {**load, "device": device, "tensor_parallel_size": setup.size}
-        config = lockstep_config(config)
         check = ranks_check(channel)
+        agree = agreement(channel)
     model, tokenizer = load_model(**load)
     processor = (
         load_processor(load["weights"], revision=load.get("revision")) if with_processor else None
     )
 
     def build(engine_config: EngineConfig) -> Any:
-        return Engine(model, tokenizer, engine_config, processor=processor, ranks_check=check)
+        return Engine(
+            model, tokenizer, engine_config, processor=processor, ranks_check=check, agree=agree
+        )
 
     if channel is None:
         return build(config), None

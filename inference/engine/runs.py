@@ -14,7 +14,8 @@ it ends (`DecodeRun.take`).
 A run ends at its last step, at the first step in which a row samples an end-of-sequence token
 (its steps are chosen so that no row reaches its `max_new_tokens` before the last), and when
 the engine must look at what came for it (its caller's `interrupt()`: an interactive
-request, an abort, a batch request with a row free) or the abort poll is due. The steps a
+request, an abort, a batch request with a row free) or the abort poll is due: the engine's
+`stop()`, which on a tensor-parallel engine is the leader's answer (lockstep.py). The steps a
 run takes are the steps the engine would have taken one at a time, with the same layout and
 shapes: the same tokens (tests/inference/test_engine_runs.py).
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -86,18 +86,15 @@ class DecodeRun:
         self.tokens.append(tokens)
         return tokens
 
-    def take(self, eos: frozenset[int], *, budget: float, interrupt: Callable[[], bool]) -> int:
+    def take(self, eos: frozenset[int], *, stop: Callable[[], bool]) -> int:
         """Take the steps until the run ends: its last step, a row's end-of-sequence token
-        (in `eos`), `interrupt()`, or `budget` seconds (the abort poll); returns the steps
-        taken. A step that raises ends the run before it (the engine's next single step runs
-        it again)."""
-        began = time.perf_counter()
+        (in `eos`), or `stop()` after a step (something new came for the engine, or the
+        caller's time is up); returns the steps taken. A step that raises ends the run before
+        it (the engine's next single step runs it again)."""
         try:
             while len(self.tokens) < self.steps:
                 tokens = self.step()
-                if not eos.isdisjoint(tokens) or interrupt():
-                    break
-                if time.perf_counter() - began >= budget:
+                if not eos.isdisjoint(tokens) or stop():
                     break
         except Exception as exc:  # OutOfMemoryError included: the single step halves
             logger.warning("a decoding run stopped: %s", exception_trace(exc))

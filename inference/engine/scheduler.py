@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Collection
 
@@ -46,10 +47,12 @@ class Scheduler(StepPlanning):
         media_modalities: Collection[str],
         new_sequence: Callable[[Request, int], Sequence],
         pacer: BatchPacer | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`new_sequence(request, choice)`: a fresh sequence (its sampling state) for a choice.
         `pacer`: the engine's caps on batch work beside interactive requests (pacing.py);
-        without it batch is never held back."""
+        without it batch is never held back. `clock`: the pacer's time (the leader's on a
+        tensor-parallel engine, lockstep.py)."""
         self.blocks = blocks
         self.max_batch_size = max_batch_size
         self.context_length = context_length
@@ -60,6 +63,7 @@ class Scheduler(StepPlanning):
         self._new_sequence = new_sequence
         self._max_step_tokens = max_step_tokens
         self._pacer = pacer
+        self._clock = clock
         self._gather_rows = max(1, max_batch_size // 8)
         self._start()
 

@@ -73,12 +73,12 @@ class Stepper:
         tokens = self._runner.next_tokens(values, sampled, failed)
         return (stepped, *self._sampled(sampled, tokens, failed))
 
-    def run(self, run: DecodeRun, *, budget: float, interrupt: Callable[[], bool]) -> Stepped:
+    def run(self, run: DecodeRun, *, stop: Callable[[], bool]) -> Stepped:
         """Take a run's steps until it ends (runs.py: `DecodeRun.take`). Then the steps before
         the last are recorded in bulk (no row can end in them) and the last as a single step's
         are. A step that raises ends the run before it: the next single step runs it again,
         and finds the request it belongs to there (runner.run)."""
-        taken = run.take(self._eos_token_ids, budget=budget, interrupt=interrupt)
+        taken = run.take(self._eos_token_ids, stop=stop)
         if not taken:
             return self.step()
         failed = Failed()

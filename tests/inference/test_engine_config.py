@@ -10,7 +10,6 @@ import pickle
 import pytest
 
 from inference.engine import EngineConfig
-from inference.engine.lockstep import lockstep_config
 
 
 def test_a_config_pickles_to_an_equal_one() -> None:
@@ -66,12 +65,3 @@ def test_values_no_engine_can_run_with_are_refused(field: str, value: float, mes
 def test_zero_turns_the_abort_poll_and_pacing_to_every_step_and_off() -> None:
     config = EngineConfig(context_length=64, abort_poll_seconds=0, interactive_step_seconds=0)
     assert (config.abort_poll_seconds, config.interactive_step_seconds) == (0, 0)
-
-
-def test_the_ranks_config_changes_only_the_abort_poll_and_pacing() -> None:
-    config = EngineConfig(context_length=512, max_batch_size=4, prefix_cache=False)
-    ranks = lockstep_config(config)
-    assert ranks == dataclasses.replace(
-        config, abort_poll_seconds=0.0, interactive_step_seconds=0.0
-    )
-    assert (ranks.abort_poll_seconds, ranks.interactive_step_seconds) == (0.0, 0.0)

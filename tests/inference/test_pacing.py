@@ -18,7 +18,6 @@ from inference.engine import (
     load_model,
     pacing,
 )
-from inference.engine.lockstep import lockstep_config
 from inference.engine.pacing import UNLIMITED, BatchAllowance, BatchPacer
 from tests.inference.steps import steps_of
 from tests.inference.test_engine_priority import Arrivals, greedy, prompt
@@ -69,12 +68,10 @@ def test_pacing_lingers_after_the_last_interactive_request_then_stops() -> None:
     )
 
 
-def test_a_target_of_zero_turns_pacing_off_and_tensor_parallel_ranks_never_pace() -> None:
+def test_a_target_of_zero_turns_pacing_off() -> None:
     p = BatchPacer(0.0, max_rows=32, max_tokens=512, block_size=16)
     p.observe(10.0, batch_rows=32, batch_tokens=512)
     assert p.allowance(interactive=4, prefill=False, now=0.0) == UNLIMITED
-    # Wall-clock decisions would part the ranks' plans (lockstep.py).
-    assert lockstep_config(EngineConfig(context_length=64)).interactive_step_seconds == 0.0
 
 
 @pytest.fixture(scope="module")

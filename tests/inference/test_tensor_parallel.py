@@ -25,7 +25,7 @@ from inference.engine.parallel import (
     tensor_parallel_refusal,
 )
 from inference.engine.process import EngineProcess, EngineProcessError
-from inference.engine.types import ConstraintSpec
+from inference.engine.types import ConstraintSpec, PartialResult
 from inference.models import ModelRevision
 from tests.batches import conftest as batch_fixtures
 from tests.batches.conftest import submit
@@ -302,6 +302,44 @@ def test_a_follower_applies_the_leaders_verbs_and_stops_where_they_part() -> Non
         followed_aborted(Scripted([("step",)]))()
     # Not an Exception: containment must not take it for one request's failure.
     assert not issubclass(LockstepBroken, Exception)
+
+
+@pytest.mark.model
+def test_a_chat_beside_batch_is_paced_and_runs_decode_on_both_ranks_alike(two_ranks, loaded):
+    """Pacing and decoding runs decide on the leader's clock (lockstep.agreement): a chat that
+    streams beside greedy batch rows leaves every request with the tokens it has alone."""
+    model, tokenizer = loaded
+    rows = [
+        GenerationRequest(
+            f"g{i}",
+            tokenizer.encode(f"Story number {i}, please.", add_special_tokens=False),
+            SamplingParams(max_new_tokens=24 if i else 3, temperature=0.0),
+        )
+        for i in range(4)
+    ]
+    chat = GenerationRequest(
+        "chat",
+        tokenizer.encode("Hello there!", add_special_tokens=False),
+        SamplingParams(max_new_tokens=8, temperature=0.0),
+        priority=1,
+        stream=True,
+    )
+    one = Engine(model, tokenizer, CONFIG)
+    alone = {
+        r.id: tokens(o for o in one.generate([r]) if not isinstance(o, PartialResult))[r.id]
+        for r in [*rows, chat]
+    }
+    partials = []
+    results = {}
+    for output in two_ranks.generate(iter([*rows, chat])):
+        if isinstance(output, PartialResult):
+            partials.append(output)
+        else:
+            results[output.id] = output
+
+    assert tokens(results.values()) == alone
+    assert partials and {p.id for p in partials} == {"chat"}
+    assert not two_ranks.broken
 
 
 @pytest.mark.model
