@@ -59,6 +59,11 @@ ITEM_ERROR_MESSAGES: dict[str, str] = {
     "size limit.",
     ItemCode.INVALID_MEDIA: "An image or audio part of this request could not be decoded, is "
     "not in an accepted format, or is over the size, pixel or duration limit.",
+    ItemCode.INVALID_MODEL_OUTPUT: "The model's answer did not match this request's "
+    "response_format schema or tools, so it was not published; retry it in a "
+    "new batch, or ask the operator to turn on structured outputs in the model's server.",
+    ItemCode.UPSTREAM_UNAVAILABLE: "The model's server was overloaded or unreachable on every "
+    "attempt; retry this request in a new batch.",
 }
 
 _OUTCOME_ITEM_CODES: dict[str, str] = {

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from batches.execution import serve_key
-from batches.lifecycle import NotReady
+from batches.lifecycle import ITEM_ERROR_MESSAGES, NotReady
 from batches.models import Batch, BatchItem
 from batches.queue import EngineKey, item_finish, items_claim, leases_recover
 from batches.sweeps import sweep_work
@@ -18,6 +18,7 @@ from billing.models import LedgerEntry, UsageEvent
 from billing.pricing import TokenPrices, money_div, token_charge
 from billing.selectors import credit_for_org
 from boardwalk import clock
+from boardwalk.codes import ItemCode
 from files.models import File
 from inference.rendering import render_prompt
 from inference.runtime import tokenizer_for
@@ -429,3 +430,9 @@ def test_content_never_reaches_logs_rows_or_receipts(api: Api, catalog_model, ca
         assert marker.encode() not in bytes(item.result or b"")
     for entry in LedgerEntry.objects.all():
         assert marker not in entry.memo
+
+
+def test_every_item_code_has_a_message_an_error_file_row_can_show() -> None:
+    """An error row carries a sentence saying what happened and what to do, never the bare code."""
+    assert sorted(set(ItemCode) - set(ITEM_ERROR_MESSAGES)) == []
+    assert all(len(message.split()) >= 5 for message in ITEM_ERROR_MESSAGES.values())
