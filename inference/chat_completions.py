@@ -265,6 +265,16 @@ def completion_body(
     return _envelope(result, completion_id, model, model_config_id, created, choices, reasoning)
 
 
+def result_body(result: GenerationResult, *, tokenizer: Any = None, **names: Any) -> dict[str, Any]:
+    """The Chat Completions body of any result: an external engine's answer relayed
+    (`relayed_completion_body`, when the result carries the server's `response`), the
+    engine's own read in the revision's dialect (`completion_body`) otherwise. `names`:
+    `completion_id`, `model`, `model_config_id` and `created`, as both take them."""
+    if result.response is not None:
+        return relayed_completion_body(result, **names)
+    return completion_body(result, tokenizer=tokenizer, **names)
+
+
 def _reasoning_tokens(choice: Choice, reply: Reply, decoder: TextDecoder | None) -> int:
     """How many of the choice's tokens are reasoning (its markup included): those before the
     answer. A reply cut inside its reasoning is reasoning throughout."""

@@ -84,10 +84,7 @@ def model_resolve(*, org: Organization, name: str, interactive: bool = False) ->
     if deployment is not None:
         if not deployment.enabled:
             raise _disabled(name)
-        resolved = ResolvedModel(name, "deployment", deployment.revision, deployment=deployment)
-        if interactive:
-            _refuse_external_interactive(resolved)
-        return resolved
+        return ResolvedModel(name, "deployment", deployment.revision, deployment=deployment)
     if catalog is None:
         raise ModelNotUsable(
             LineCode.MODEL_NOT_FOUND,
@@ -97,7 +94,6 @@ def model_resolve(*, org: Organization, name: str, interactive: bool = False) ->
         raise _disabled(name)
     resolved = ResolvedModel(name, "catalog", catalog.revision, catalog=catalog)
     if interactive:
-        _refuse_external_interactive(resolved)
         if resolved.interactive_prices is None:
             raise ModelNotUsable(
                 ErrorCode.MODEL_NOT_INTERACTIVE,
@@ -111,17 +107,6 @@ def model_resolve(*, org: Organization, name: str, interactive: bool = False) ->
             LineCode.MODEL_NOT_BATCH_ENABLED, f"Catalog model {name!r} is not available for batch."
         )
     return resolved
-
-
-def _refuse_external_interactive(resolved: ResolvedModel) -> None:
-    """Interactive requests are not relayed to an external engine yet (docs/DEPLOYMENT.md
-    "Batches on an existing engine fleet"): refused before anything is held."""
-    if resolved.revision.is_external:
-        raise ModelNotUsable(
-            ErrorCode.MODEL_NOT_INTERACTIVE,
-            f"Model {resolved.name!r} is answered by an external engine, and interactive "
-            "requests are not relayed to it yet; send its requests in a batch.",
-        )
 
 
 def models_for_org(*, org: Organization) -> list[ResolvedModel]:

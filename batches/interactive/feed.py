@@ -48,9 +48,10 @@ from boardwalk.channels import channels
 from boardwalk.codes import ItemCode
 from boardwalk.logs import exception_trace
 from files.crypto import CryptoError
-from inference.chat_completions import completion_body, dialect_of, sampling_params
+from inference.chat_completions import dialect_of, result_body, sampling_params
 from inference.dialects.streams import ReplyStream
 from inference.engine.types import GenerationRequest, GenerationResult, PartialResult
+from inference.external.streaming import RelayedPartial
 from inference.prompt_bounds import bounded_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -190,8 +191,12 @@ class InteractiveFeed:
                 self._streams[(partial.id, partial.index)] = stream
         if submitted is None or not submitted.stream or stream is None:
             return
-        # The dialect splits the text into reasoning and answer; its markup is never sent.
-        reasoning, text = stream.push(partial.text)
+        if isinstance(partial, RelayedPartial):
+            # An external engine's server parted reasoning and answer already.
+            reasoning, text = partial.reasoning, partial.text
+        else:
+            # The dialect splits the text into reasoning and answer; its markup is never sent.
+            reasoning, text = stream.push(partial.text)
         if not (reasoning or text):
             return
         if not self._reply(submitted, "delta", index=partial.index, text=text, reasoning=reasoning):
@@ -217,7 +222,7 @@ class InteractiveFeed:
         reasoning = 0
         if not (result.aborted or result.error):
             try:
-                body = completion_body(
+                body = result_body(
                     result,
                     completion_id=completion_id(submitted.id),
                     model=submitted.body["model"],
@@ -238,7 +243,7 @@ class InteractiveFeed:
         if result.aborted:
             self._reply(submitted, "aborted")
         elif result.error:
-            self._reply(submitted, "error", code=result.error)
+            self._reply(submitted, "error", code=_reply_code(result.error))
         elif unreadable is not None:
             raise unreadable
         else:
@@ -343,6 +348,10 @@ class InteractiveFeed:
                 cache_scope=_cache_scope(submitted),
                 priority=INTERACTIVE_PRIORITY,
                 stream=submitted.stream,
+                # What an external engine relays (inference/external/engine.py), and until
+                # when: the web process waits no longer (relay.replies).
+                body=submitted.body,
+                deadline=time.time() + setting("INTERACTIVE_TIMEOUT_SECONDS"),
             )
         except Exception as exc:
             # Type and frames only: a message could quote the request's content.
@@ -376,6 +385,12 @@ class InteractiveFeed:
             logger.warning("reply to %s lost: %s", submitted.id, exception_trace(exc))
             return False
         return True
+
+
+def _reply_code(error: str) -> str:
+    """The error reply's code for a result's: an external engine's request that reached its
+    deadline (the request's time limit, `batch_expired` in a batch) timed out."""
+    return "timeout" if error == ItemCode.BATCH_EXPIRED else error
 
 
 def _cache_scope(submitted: Submitted) -> str:

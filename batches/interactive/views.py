@@ -47,6 +47,9 @@ def reply_error(code: str) -> BoardwalkError:
         return InvalidRequest("The engine refused this request as invalid.")
     if code in ("timeout", "aborted"):
         return ServiceUnavailable("The request did not finish in time; retry it.")
+    if code == ItemCode.UPSTREAM_UNAVAILABLE:
+        # An external engine's server answered every attempt overloaded, or not at all.
+        return ServiceUnavailable("The model's server is overloaded or unreachable; retry later.")
     if code == ErrorCode.MODEL_LOAD_FAILED:
         return ServiceUnavailable(
             "The workers could not load this model; an operator must check it "

@@ -24,7 +24,16 @@ during which at least one row was in flight, overlap counted once (waits for a s
 are not counted). Two worker processes sending to one server each count their own rows' time:
 their overlap is counted by both (docs/BILLING.md).
 `abort` cancels a row's task: a request in flight has its connection closed, which vLLM and
-SGLang take as an abort, and the row comes back `aborted=True`.
+SGLang take as an abort, and the row comes back `aborted=True` (a stream cut so counts the
+text that came: its prompt and those tokens are what it pays).
+
+Interactive requests (`priority` > 0, added by the worker's interactive feed) go through the
+same limit, backoff and deadline (the request's time limit) as batch rows, ahead of this
+engine's batch rows waiting for a slot (`inference.external.priority`). One with `stream` is
+sent with `stream: true` (`inference.external.streaming`): each piece of text the server
+streams comes out of `step` at once as a `RelayedPartial`, and the assembled answer as the
+result; a stream that fails before any text came is retried as any row, one that fails after
+is not (its client has the text) and ends as its failure says (`exhausted_code`).
 
 A row's failure is its own result (`contains_failures`): a final answer (4xx) ends it as
 `invalid_request` (400, 413, 422), `context_length_exceeded` (the server says the prompt is
@@ -56,13 +65,15 @@ from inference.engine.types import (
     PartialResult,
 )
 from inference.external.backoff import Backoff, may_send
-from inference.external.client import Final, NotSent, Retryable, Success, UpstreamClient
+from inference.external.client import Final, NotSent, Outcome, Retryable, Success, UpstreamClient
 from inference.external.limits import (
     InFlightLimit,
     LocalInFlightLimit,
     RedisInFlightLimit,
     signal_of,
 )
+from inference.external.priority import Turns
+from inference.external.streaming import Assembly, RelayedPartial, send_streaming
 from inference.external.upstream import Upstream
 from inference.external.validation import answer_violation
 from inference.rendering import render_prompt, template_options
@@ -158,6 +169,8 @@ class ExternalEngine:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._client: UpstreamClient | None = None
         self._limit: InFlightLimit | None = None
+        self._turns: Turns | None = None
+        self._streams: dict[str, Assembly] = {}  # streamed rows' answers so far
         self._stop: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -320,6 +333,7 @@ class ExternalEngine:
     async def _main(self, started: threading.Event) -> None:
         self._stop = asyncio.Event()
         self._limit, redis = self._make_limit()
+        self._turns = Turns(self._limit)
         self._client = UpstreamClient(self.upstream, max_connections=2 * self.max_batch_size)
         started.set()
         try:
@@ -383,15 +397,19 @@ class ExternalEngine:
                 closing = self._closing
             if closing:
                 raise
-            result = _ended(request, busy[0], aborted=True)
+            result = _ended(
+                request, busy[0], aborted=True, completion_tokens=self._streamed(request.id)
+            )
         except Exception as exc:
             logger.error("external row %s failed: %s", request.id, exception_trace(exc))
             result = _ended(request, busy[0], error=ItemCode.INTERNAL_ERROR)
+        finally:
+            self._streams.pop(request.id, None)
         self._finish(result)
 
     async def _dispatch(self, request: GenerationRequest, busy: list[float]) -> GenerationResult:
-        client, limit = self._client, self._limit
-        if client is None or limit is None:
+        client, turns = self._client, self._turns
+        if client is None or turns is None:
             raise RuntimeError("the loop has no client yet")
         if request.body is None:
             logger.error("external row %s has no body to send", request.id)
@@ -401,15 +419,24 @@ class ExternalEngine:
         while True:
             if not may_send(time.time(), deadline):
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
-            async with limit.held(deadline=deadline) as held:
+            async with turns.held(priority=request.priority, deadline=deadline) as held:
                 if held is None:  # no slot before the deadline
                     return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
                 self._meter.enter(busy)
                 try:
-                    outcome = await client.send(request.body, deadline=deadline)
+                    outcome = await self._send(client, request, deadline)
                 finally:
                     self._meter.leave(busy)
                 held.report(signal_of(outcome))
+            if isinstance(outcome, Retryable) and request.id in self._streams:
+                # Its text already went to the client: the answer cannot be asked again.
+                logger.warning("external row %s: its stream broke off", request.id)
+                return _ended(
+                    request,
+                    busy[0],
+                    error=exhausted_code(outcome),
+                    completion_tokens=self._streamed(request.id),
+                )
             if isinstance(outcome, Success):
                 broken = answer_violation(request.body, outcome.body)
                 if broken is not None:  # the rule only: never the answer's text
@@ -441,6 +468,39 @@ class ExternalEngine:
             if at is None:  # the retry would start past the deadline: not made
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
             await asyncio.sleep(max(0.0, at - time.time()))
+
+    async def _send(
+        self, client: UpstreamClient, request: GenerationRequest, deadline: float | None
+    ) -> Outcome:
+        """One attempt: the answer whole, or streamed piece by piece (a stream that sent
+        text is noted in `_streams`, and its pieces are in the outbox)."""
+        body = request.body or {}
+        if not request.stream:
+            return await client.send(body, deadline=deadline)
+        assembly = Assembly()
+
+        def delta(index: int, text: str, reasoning: str) -> None:
+            self._streams[request.id] = assembly
+            self._partial(RelayedPartial(request.id, index, text, reasoning=reasoning))
+
+        streamed = await send_streaming(
+            client, body, deadline=deadline, on_delta=delta, assembly=assembly
+        )
+        return streamed.outcome
+
+    def _partial(self, partial: RelayedPartial) -> None:
+        with self._ready:
+            if partial.id not in self._held or partial.id in self._dropped:
+                return
+            self._outbox.append(partial)
+            self._ready.notify_all()
+
+    def _streamed(self, request_id: str) -> int:
+        """Completion tokens of the text a cut stream had sent (0 for no stream)."""
+        assembly = self._streams.get(request_id)
+        if assembly is None:
+            return 0
+        return _token_count(self.tokenizer, assembly.streamed_text())
 
     def _succeeded(
         self, request: GenerationRequest, body: dict[str, Any], busy: float
@@ -547,13 +607,15 @@ def _ended(
     *,
     aborted: bool = False,
     error: str | None = None,
+    completion_tokens: int = 0,
 ) -> GenerationResult:
-    """A row with no answer: aborted, or in error with `error`'s code."""
+    """A row with no answer: aborted, or in error with `error`'s code (`completion_tokens`:
+    what a stream cut short had generated)."""
     return GenerationResult(
         id=request.id,
         choices=[],
         prompt_tokens=len(request.prompt_ids),
-        completion_tokens=0,
+        completion_tokens=completion_tokens,
         cached_tokens=0,
         busy_seconds=busy,
         aborted=aborted,

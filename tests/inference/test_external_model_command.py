@@ -322,9 +322,12 @@ def test_the_tokenizer_directory_is_checked_as_a_models_is(tokenizer_dir, served
     assert "is not a directory: --tokenizer names the model's tokenizer directory" in message
 
 
-def test_an_interactive_request_on_an_external_revision_is_refused_before_anything_is_held(
+def test_an_external_model_without_interactive_prices_is_refused_before_anything_is_held(
     served, tokenizer_dir, api: Api
 ):
+    """Interactive requests on an external revision are relayed to its server
+    (tests/inference/test_external_interactive.py); one without interactive prices is
+    refused as any catalog model without them is."""
     from billing.models import LedgerEntry
 
     model("add", "acme/external", *external(served, tokenizer_dir), *BATCH_PRICES)
@@ -336,5 +339,5 @@ def test_an_interactive_request_on_an_external_revision_is_refused_before_anythi
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["code"] == "model_not_interactive"
-    assert "external engine" in error["message"] and "batch" in error["message"]
+    assert "no interactive prices" in error["message"]
     assert LedgerEntry.objects.count() == before  # nothing held, nothing charged
