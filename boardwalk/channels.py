@@ -28,6 +28,10 @@ class Channels(Protocol):
     def pop(self, key: str, *, timeout: float) -> bytes | None:
         """The list's first message, waiting up to `timeout` seconds; None if none came."""
 
+    def pop_any(self, keys: list[str], *, timeout: float) -> tuple[str, bytes] | None:
+        """The first message of the first of `keys` that has one, and that key, waiting up to
+        `timeout` seconds for one to come; None if none came."""
+
     def length(self, key: str) -> int: ...
 
     def delete(self, key: str) -> None: ...
@@ -92,15 +96,20 @@ class MemoryChannels:
             self._cond.notify_all()
 
     def pop(self, key: str, *, timeout: float) -> bytes | None:
+        found = self.pop_any([key], timeout=timeout)
+        return None if found is None else found[1]
+
+    def pop_any(self, keys: list[str], *, timeout: float) -> tuple[str, bytes] | None:
         until = time.monotonic() + timeout
         with self._cond:
             while True:
-                items = self._live_list(key)
-                if items:
-                    message = items.popleft()
-                    if not items:
-                        del self._lists[key]
-                    return message
+                for key in keys:
+                    items = self._live_list(key)
+                    if items:
+                        message = items.popleft()
+                        if not items:
+                            del self._lists[key]
+                        return key, message
                 left = until - time.monotonic()
                 if left <= 0:
                     return None
@@ -185,6 +194,10 @@ class RedisChannels:
         pipe.execute()
 
     def pop(self, key: str, *, timeout: float) -> bytes | None:
+        found = self.pop_any([key], timeout=timeout)
+        return None if found is None else found[1]
+
+    def pop_any(self, keys: list[str], *, timeout: float) -> tuple[str, bytes] | None:
         # A blocking pop holds its connection; each thread keeps its own with a socket that
         # waits longer than the pop.
         client = getattr(self._blocking, "client", None)
@@ -192,8 +205,12 @@ class RedisChannels:
             client = self._blocking.client = redis.Redis.from_url(
                 self._url, socket_connect_timeout=2.0, socket_timeout=60 + _SOCKET_SLACK_SECONDS
             )
-        found = client.blpop([self._k(key)], timeout=max(0.01, min(timeout, 60.0)))
-        return None if found is None else bytes(found[1])  # type: ignore[arg-type]
+        found = client.blpop([self._k(k) for k in keys], timeout=max(0.01, min(timeout, 60.0)))
+        if found is None:
+            return None
+        name, message = found  # type: ignore[misc]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return name.removeprefix(self._prefix), bytes(message)  # type: ignore[arg-type]
 
     def length(self, key: str) -> int:
         return int(self._client.llen(self._k(key)))

@@ -2,7 +2,9 @@
 
 Both run a Dramatiq worker on the configured broker plus a sweeper thread that calls the
 `sweep` actor's function every BOARDWALK_SWEEP_INTERVAL_SECONDS, so the database re-drives
-any work whose message was lost.
+any work whose message was lost, a liveness thread, and a listener on the interactive bells
+of the models the process holds loaded (batches.interactive.bells), so a chat request to one
+of them is served at once while the process runs nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dramatiq
 from django.conf import settings
 from django.db import connection
 
+from batches.interactive.bells import Bells
 from batches.liveness import process_id, session_lock_hold, worker_beat, worker_leave
 from batches.queue import dead_workers_recover
 from batches.tasks import engine_wake, join_waiting_work, sweep
@@ -122,12 +125,14 @@ class WorkerRuntime:
         self.counter.queue_prefetch = 1
         self.sweeper = Sweeper(sweep_interval or settings.SWEEP_INTERVAL_SECONDS)
         self.liveness = Liveness(settings.WORKER_HEARTBEAT_SECONDS)
+        self.bells = Bells()
 
     def start(self) -> WorkerRuntime:
         self.worker.start()
         self.counter.start()
         self.sweeper.start()
         self.liveness.start()
+        self.bells.start()
         logger.info(
             "worker started queues=%s threads=%s (+1 for %s)",
             sorted(QUEUES),
@@ -138,10 +143,12 @@ class WorkerRuntime:
 
     def stop(self, timeout_ms: int = 10_000) -> None:
         self.sweeper.stop()
+        self.bells.stop()
         self.worker.stop(timeout=timeout_ms)
         self.counter.stop(timeout=timeout_ms)
         self.liveness.stop()
         self.liveness.join(timeout=5)
+        self.bells.join(timeout=timeout_ms / 1000)  # a run it serves ends with its linger
         # A stopped worker leaves its middleware on the broker; drop it so that a later
         # runtime in the same process (tests) does not stack a second one.
         self.broker.middleware[:] = [

@@ -1,11 +1,12 @@
 """What travels over the channels between the web tier and a worker (boardwalk.channels).
 
 Keys: one request list per engine key (every worker serving the key pops from it, so Redis
-hands each request to exactly one), one reply list per request, one abort flag per request,
-one listener flag per request (its web process still reads the replies), one "taken" flag per
-request (a request runs once, however often its message is pushed), one liveness flag per
-worker feed, one headroom gauge per key (free rows, per worker), one of the requests each
-worker runs, and one gauge of the keys whose requests wait for a worker.
+hands each request to exactly one), one bell list per revision (rung once per request), one
+reply list per request, one abort flag per request, one listener flag per request (its web
+process still reads the replies), one "taken" flag per request (a request runs once, however
+often its message is pushed), one liveness flag per worker feed, one headroom gauge per key
+(free rows, per worker), one of the requests each worker runs, and one gauge of the keys
+whose requests wait for a worker.
 The request message carries the body and the replies carry the completion (content): both
 are sealed (AES-256-GCM) under a data key of the request's own, which travels wrapped by the
 master key (files.crypto.Keyring, as a file's does), so the broker holds ciphertext only; the
@@ -35,6 +36,13 @@ def request_channel(key: EngineKey) -> str:
 def requests_waiting(key: EngineKey) -> bool:
     """Whether interactive requests of `key` wait for a worker to take them."""
     return channels().length(request_channel(key)) > 0
+
+
+def bell_channel(revision_id: str) -> str:
+    """Rung with the engine key (`wanted_field`) of each request sent for the revision: a
+    worker that holds the revision's engine loaded and serves nothing answers it at once
+    (batches.interactive.bells), before the wake-up reaches a worker through the broker."""
+    return f"interactive:bell:{revision_id}"
 
 
 def reply_channel(request_id: str) -> str:

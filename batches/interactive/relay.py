@@ -22,6 +22,7 @@ from batches.interactive.config import setting
 from batches.interactive.messages import (
     WANTED_GAUGE,
     abort_flag,
+    bell_channel,
     decode_reply,
     feed_alive_flag,
     listener_flag,
@@ -56,6 +57,7 @@ def dispatch(accepted: Accepted) -> None:
     _listeners.add(accepted.submitted.id)
     ch.gauge(WANTED_GAUGE, wanted_field(key), 1, ttl=queue_seconds + 5)
     ch.push(request_channel(key), accepted.submitted.encode(), ttl=queue_seconds + 5)
+    ch.push(bell_channel(key.revision_id), wanted_field(key).encode(), ttl=queue_seconds + 5)
     try:
         interactive_wake.send(key.revision_id, key.deployment_id)
     except BROKER_UNREACHABLE as exc:

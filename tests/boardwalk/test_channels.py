@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,29 @@ def test_a_list_pops_in_order_and_a_flag_is_seen(store: Channels):
     assert store.pop(key, timeout=0.05) is None
     store.flag(f"{key}:flag", ttl=30)
     assert store.flagged([f"{key}:flag", f"{key}:other"]) == {f"{key}:flag"}
+
+
+def test_a_pop_over_several_lists_takes_the_first_that_has_a_message(store: Channels):
+    first, second = f"list-{uuid.uuid4().hex}", f"list-{uuid.uuid4().hex}"
+    assert store.pop_any([first, second], timeout=0.05) is None
+    store.push(second, b"b1", ttl=30)
+    assert store.pop_any([first, second], timeout=1) == (second, b"b1")
+    store.push(second, b"b2", ttl=30)
+    store.push(first, b"a1", ttl=30)
+    assert store.pop_any([first, second], timeout=1) == (first, b"a1")
+    assert store.pop_any([first, second], timeout=1) == (second, b"b2")
+    assert store.length(first) == store.length(second) == 0
+
+
+def test_a_blocked_pop_over_several_lists_wakes_for_a_later_push(store: Channels):
+    lists = [f"list-{uuid.uuid4().hex}" for _ in range(3)]
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(store.pop_any(lists, timeout=10)))
+    waiter.start()
+    time.sleep(0.1)
+    store.push(lists[2], b"rung", ttl=30)
+    waiter.join(timeout=10)
+    assert got == [(lists[2], b"rung")]
 
 
 def test_a_claim_is_taken_once_until_it_lapses(store: Channels):
