@@ -8,7 +8,6 @@ holds nothing of any more.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from boardwalk.codes import ItemCode
 from boardwalk.ids import derived_id
 from files.crypto import Keyring
 from files.sealing import seal
-from inference.chat_completions import completion_body, relayed_completion_body
+from inference.chat_completions import result_body
 from inference.engine.types import GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -128,14 +127,9 @@ def _result_row(item: BatchItem, result: GenerationResult, *, tokenizer: Any) ->
     """The output file's row of a result, and how many of its completion tokens are reasoning
     (as its body's usage counts them: the item's usage, the batch's and the receipt's)."""
     batch = item.batch
-    # An external engine's answer is relayed (result.response); the engine's own is read.
-    build: Callable[..., dict[str, Any]] = (
-        relayed_completion_body
-        if result.response is not None
-        else functools.partial(completion_body, tokenizer=tokenizer)
-    )
-    body = build(
+    body = result_body(
         result,
+        tokenizer=tokenizer,
         completion_id=derived_id("chatcmpl-", item.request_id),
         model=batch.model_name,
         model_config_id=batch.revision_id,

@@ -15,7 +15,12 @@ One small module a job, none importing torch or Django:
 - `engine`: `ExternalEngine`, the `GenerationEngine` (inference/engine/protocol.py) the
   worker drives for such a revision: rows added are sent from one asyncio loop under the
   limit, retried with the backoff within their attempts and deadline, and come back from
-  `step` as results with the server's answer and usage.
+  `step` as results with the server's answer and usage;
+- `validation`: `answer_violation`, the rule a server's answer breaks against the row's
+  `response_format` and `tools` (the row then ends as `invalid_model_output`);
+- `streaming`: an interactive row relayed as a stream (`stream: true` upstream), its deltas
+  passed on as they come and put back together into one answer with its usage;
+- `priority`: interactive rows take the next free in-flight slot ahead of batch rows.
 
 What exists and what is next: docs/DEPLOYMENT.md, "Batches on an existing engine fleet".
 """

@@ -196,6 +196,12 @@ class UpstreamClient:
             transport=transport,
         )
 
+    @property
+    def http(self) -> httpx2.AsyncClient:
+        """The connection pool, with the upstream's key and timeouts (a streamed row is one
+        more request on it, inference.external.streaming)."""
+        return self._http
+
     def request_body(self, body: dict[str, Any]) -> bytes:
         """The row's body as sent: the engine's model id, one JSON answer (no stream)."""
         sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}

@@ -236,8 +236,7 @@ async def _read(
 ) -> Outcome:
     url = f"{client.upstream.url}/chat/completions"
     headers = {"accept": "text/event-stream"}
-    # The client's own pool (and its key and timeouts): a stream is one more request on it.
-    http = client._http
+    http = client.http
     async with http.stream("POST", url, content=content, headers=headers) as response:
         kind = response.headers.get("content-type", "")
         if response.status_code != 200 or not kind.startswith("text/event-stream"):
