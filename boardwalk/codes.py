@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     INVALID_LIMIT = "invalid_limit"
     INVALID_METADATA = "invalid_metadata"
     INVALID_MODALITIES = "invalid_modalities"
+    INVALID_MODEL_OUTPUT = "invalid_model_output"
     INVALID_MULTIPART = "invalid_multipart"
     INVALID_NAME = "invalid_name"
     INVALID_PRICES = "invalid_prices"

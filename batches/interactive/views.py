@@ -50,6 +50,14 @@ def reply_error(code: str) -> BoardwalkError:
     if code == ItemCode.UPSTREAM_UNAVAILABLE:
         # An external engine's server answered every attempt overloaded, or not at all.
         return ServiceUnavailable("The model's server is overloaded or unreachable; retry later.")
+    if code == ItemCode.INVALID_MODEL_OUTPUT:
+        # An external engine's server answered, but not as the request's schema or tools ask.
+        return EngineFailed(
+            "The model's answer did not match this request's response_format or tools, so it "
+            "was not returned; retry it, or ask the operator to turn on structured outputs in "
+            "the model's server.",
+            code=ErrorCode.INVALID_MODEL_OUTPUT,
+        )
     if code == ErrorCode.MODEL_LOAD_FAILED:
         return ServiceUnavailable(
             "The workers could not load this model; an operator must check it "

@@ -35,6 +35,7 @@ from tests.batches.test_interactive_money import _kinds
 from tests.conftest import INTERACTIVE_PRICES, Tenant
 from tests.inference import test_external_engine as engine_tests
 from tests.inference import test_external_model_command as command_tests
+from tests.inference.test_external_validation import JSON_SCHEMA, SECRET, answer
 from tests.inference.test_model_command import model
 from tests.inference.upstreams import FaultProxy, Served, status
 
@@ -365,3 +366,26 @@ def test_a_stream_without_usage_is_counted_with_the_tokenizer(served, engine_of,
     (choice,) = result.choices
     assert result.prompt_tokens == len(request.prompt_ids)
     assert result.completion_tokens == len(tokenizer.encode(choice.text, add_special_tokens=False))
+
+
+@DB
+@pytest.mark.usefixtures("short_linger")
+def test_an_answer_that_breaks_the_requests_schema_is_an_error_never_charged(
+    served, tokenizer_dir, sdk, tenant, in_process_worker
+):
+    before = credit_for_org(org_id=tenant.org.id)
+    with FaultProxy(served.url.removesuffix("/v1")) as upstream:
+        # The server ignores response_format (as one without structured outputs does).
+        upstream.plan(status(200, body=answer(f"It is sunny, {SECRET}.")))
+        revision = _external_model(served, tokenizer_dir, upstream.url)
+        with _engine_dropped(revision), pytest.raises(openai.APIStatusError) as caught:
+            _ask(sdk, max_completion_tokens=4, response_format=JSON_SCHEMA)
+        assert len(upstream.posts()) == 1  # not retried: the server did answer
+
+    assert caught.value.status_code == 500
+    assert caught.value.body["code"] == "invalid_model_output"
+    assert SECRET not in json.dumps(caught.value.body)
+    request_id = _only_request(tenant)
+    wait_for(lambda: credit_for_org(org_id=tenant.org.id).held == 0)
+    assert sum(_kinds(request_id).get("charge", [])) == 0
+    assert credit_for_org(org_id=tenant.org.id).balance == before.balance
