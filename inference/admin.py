@@ -100,10 +100,11 @@ class ModelRevisionAdmin(admin.ModelAdmin):
         "context_length",
         "dtype",
         "tensor_parallel_size",
+        "served_by",
         "modalities",
         "created_at",
     )
-    search_fields = ("id", "label")
+    search_fields = ("id", "label", "engine_url", "engine_model")
     list_filter = ("dtype",)
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
@@ -111,6 +112,14 @@ class ModelRevisionAdmin(admin.ModelAdmin):
         if obj is None:
             return ("id", "created_at")
         return [f.name for f in ModelRevision._meta.fields]
+
+    @admin.display(description="served by")
+    def served_by(self, obj: ModelRevision) -> str:
+        """The workers' own engine, or the external server's model and address (its key
+        is an environment variable's name, never shown here)."""
+        if not obj.is_external:
+            return "workers' engine"
+        return f"external: {obj.engine_model} at {obj.engine_url} (≤ {obj.max_in_flight} in flight)"
 
     def save_model(self, request: Any, obj: ModelRevision, form: Any, change: bool) -> None:
         if change:

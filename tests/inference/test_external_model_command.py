@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 
 from inference.engine.loading import ModelLoadError
 from inference.models import CatalogModel, Deployment, ModelRevision
@@ -341,3 +342,20 @@ def test_an_external_model_without_interactive_prices_is_refused_before_anything
     assert error["code"] == "model_not_interactive"
     assert "no interactive prices" in error["message"]
     assert LedgerEntry.objects.count() == before  # nothing held, nothing charged
+
+
+def test_the_admin_list_says_which_server_answers_a_revision(
+    served, tokenizer_dir, tiny_model_dir, client
+):
+    local = model("add", "acme/local", "--weights", str(tiny_model_dir), *BATCH_PRICES)
+    added = model(
+        "add", "acme/external", *external(served, tokenizer_dir, "--max-in-flight", "16"),
+        *BATCH_PRICES,
+    )  # fmt: skip
+    client.force_login(User.objects.create_superuser("staff", "staff@example.com", "pw"))
+
+    page = client.get("/admin/inference/modelrevision/").content.decode()
+
+    assert f"external: {served.model} at {served.url} (≤ 16 in flight)" in page
+    assert local["revision"]["id"] in page and "workers&#x27; engine" in page
+    assert added["revision"]["id"] in page
