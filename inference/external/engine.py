@@ -18,11 +18,11 @@ and each row added becomes a task there that
 for the first; there is no local work, so `interrupt` is not needed. A success becomes one
 `Choice` per upstream choice (the message's text, no token ids), with the server's `usage`
 and its answer body (`GenerationResult.response`); `busy_seconds` is the row's share of the
-server's GPU time: while n rows of this engine are at the server, each is counted 1/n of the
-elapsed time times the revision's declared GPUs, so the shares add up to GPUs x the wall time
-during which at least one row was in flight, overlap counted once (waits for a slot or a retry
-are not counted). Two worker processes sending to one server each count their own rows' time:
-their overlap is counted by both (docs/BILLING.md).
+server's GPU time: while n rows of the revision hold an in-flight slot, in any worker process,
+each is counted 1/n of the elapsed time times the revision's declared GPUs (the limit's busy
+clock, limits.py), so the shares add up to GPUs x the wall time during which at least one row
+was in flight, overlap counted once across every worker (waits for a slot or a retry are not
+counted; docs/BILLING.md).
 `abort` cancels a row's task: a request in flight has its connection closed, which vLLM and
 SGLang take as an abort, and the row comes back `aborted=True` (a stream cut so counts the
 text that came: its prompt and those tokens are what it pays).
@@ -165,7 +165,7 @@ class ExternalEngine:
         self._outbox: list[GenerationResult | PartialResult] = []
         self._closing = False
         # The loop's own (touched only from its thread).
-        self._meter = _SharedClock(gpus)
+        self._gpus = gpus  # the server's GPUs for this revision: its rows' busy time
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._client: UpstreamClient | None = None
         self._limit: InFlightLimit | None = None
@@ -419,15 +419,16 @@ class ExternalEngine:
         while True:
             if not may_send(time.time(), deadline):
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
-            async with turns.held(priority=request.priority, deadline=deadline) as held:
-                if held is None:  # no slot before the deadline
-                    return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
-                self._meter.enter(busy)
-                try:
+            held = None
+            try:
+                async with turns.held(priority=request.priority, deadline=deadline) as held:
+                    if held is None:  # no slot before the deadline
+                        return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
                     outcome = await self._send(client, request, deadline)
-                finally:
-                    self._meter.leave(busy)
-                held.report(signal_of(outcome))
+                    held.report(signal_of(outcome))
+            finally:
+                if held is not None:  # its share of the server's busy time (limits.py)
+                    busy[0] += held.busy_seconds * self._gpus
             if isinstance(outcome, Retryable) and request.id in self._streams:
                 # Its text already went to the client: the answer cannot be asked again.
                 logger.warning("external row %s: its stream broke off", request.id)
@@ -622,31 +623,3 @@ def _ended(
         error=error,
         params=request.params,
     )
-
-
-class _SharedClock:
-    """The server's GPU time, shared out among the rows at it (touched only from the loop's
-    thread): each change of the set in flight first credits every row in it with its share
-    of the time since the last change."""
-
-    def __init__(self, gpus: int, now: Callable[[], float] = time.monotonic) -> None:
-        self._gpus = gpus
-        self._now = now
-        self._cells: dict[int, list[float]] = {}  # id(cell) → a row's busy seconds
-        self._mark = now()
-
-    def enter(self, cell: list[float]) -> None:
-        self._advance()
-        self._cells[id(cell)] = cell
-
-    def leave(self, cell: list[float]) -> None:
-        self._advance()
-        self._cells.pop(id(cell), None)
-
-    def _advance(self) -> None:
-        now = self._now()
-        if self._cells:
-            share = (now - self._mark) * self._gpus / len(self._cells)
-            for cell in self._cells.values():
-                cell[0] += share
-        self._mark = now

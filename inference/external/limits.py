@@ -19,6 +19,16 @@ Two stores, one behaviour:
 
 `held()` is the one way a caller uses either: it waits for a slot (until a deadline), keeps it
 renewed, and gives it back with the outcome the caller reported.
+
+Both also keep the revision's busy clock, which meters a private deployment's GPU time: the
+server is busy while at least one slot is held, by any process, and each slot's share of that
+time is the time it was held divided by the slots held with it (so overlap is charged once,
+and the shares of all slots add up to the busy time). The clock is one number, the busy time
+per slot since the clock began (`busy`: it advances by the time since its last change divided
+by the slots held during it, at every take and give-back); a slot's share is the difference
+between its value when the slot was given back and when it was taken (`Held.busy_seconds`).
+A lapsed slot (its worker killed) counts as held until it lapses: the other slots' shares are
+that much smaller, never larger.
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -65,6 +75,7 @@ def signal_of(outcome: Outcome) -> Signal:
 class Slot:
     id: str
     epoch: int
+    busy_mark: float = 0.0  # the busy clock when it was taken (seconds per slot)
 
 
 def _grown(limit: int, cap: int) -> int:
@@ -95,7 +106,8 @@ class InFlightLimit:
         """A slot if fewer than the limit are in flight, else None."""
         raise NotImplementedError
 
-    async def release(self, slot: Slot, signal: Signal) -> None:
+    async def release(self, slot: Slot, signal: Signal) -> float:
+        """Give the slot back; returns the busy clock then."""
         raise NotImplementedError
 
     async def renew(self, slot: Slot) -> bool:
@@ -155,7 +167,8 @@ class InFlightLimit:
             done.set()
             with contextlib.suppress(Exception):
                 await asyncio.shield(renewing)
-            await asyncio.shield(self.release(slot, held.signal))
+            busy = await asyncio.shield(self.release(slot, held.signal))
+            held.busy_seconds = max(0.0, busy - slot.busy_mark)
             self._notify()
 
     async def _keep(self, slot: Slot, done: asyncio.Event) -> None:
@@ -170,6 +183,8 @@ class InFlightLimit:
 class Held:
     slot: Slot
     signal: Signal = Signal.NEUTRAL
+    # Once given back: the slot's share of the time the server was busy (module doc).
+    busy_seconds: float = 0.0
 
     def report(self, signal: Signal) -> None:
         self.signal = signal
@@ -178,37 +193,55 @@ class Held:
 class LocalInFlightLimit(InFlightLimit):
     """The count in this process (the embedded default: one worker process, no Redis)."""
 
-    def __init__(self, *, cap: int, floor: int = 1, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        cap: int,
+        floor: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        **options: Any,
+    ) -> None:
         super().__init__(cap=cap, floor=floor, **options)
         self._limit = cap
         self._epoch = 0
         self._slots: dict[str, float] = {}
+        self._clock = clock
+        self._busy = 0.0
+        self._mark = clock()
 
-    def _sweep(self) -> None:
-        now = time.monotonic()
+    def _sweep(self) -> float:
+        """Advance the busy clock over the slots held since its last change, then let the
+        lapsed ones go; returns the clock."""
+        now = self._clock()
+        if self._slots:
+            self._busy += (now - self._mark) / len(self._slots)
+        self._mark = now
         for slot_id in [s for s, expiry in self._slots.items() if expiry <= now]:
             del self._slots[slot_id]
+        return self._busy
 
     async def try_acquire(self) -> Slot | None:
-        self._sweep()
+        busy = self._sweep()
         if len(self._slots) >= self._limit:
             return None
-        slot = Slot(uuid.uuid4().hex, self._epoch)
-        self._slots[slot.id] = time.monotonic() + self.ttl_seconds
+        slot = Slot(uuid.uuid4().hex, self._epoch, busy)
+        self._slots[slot.id] = self._clock() + self.ttl_seconds
         return slot
 
-    async def release(self, slot: Slot, signal: Signal) -> None:
+    async def release(self, slot: Slot, signal: Signal) -> float:
+        busy = self._sweep()
         self._slots.pop(slot.id, None)
         if signal is Signal.SUCCESS:
             self._limit = _grown(self._limit, self.cap)
         elif signal is Signal.CONGESTION and slot.epoch == self._epoch:
             self._limit = _halved(self._limit, self.floor)
             self._epoch += 1
+        return busy
 
     async def renew(self, slot: Slot) -> bool:
         if slot.id not in self._slots:
             return False
-        self._slots[slot.id] = time.monotonic() + self.ttl_seconds
+        self._slots[slot.id] = self._clock() + self.ttl_seconds
         return True
 
     async def state(self) -> tuple[int, int]:
@@ -217,8 +250,9 @@ class LocalInFlightLimit(InFlightLimit):
 
 
 # KEYS[1] the slots (member: slot id, score: lapse in ms on the server's clock), KEYS[2] the
-# state hash (limit, epoch). Each script reads the server's TIME, so workers' clocks never
-# disagree about a lapse.
+# state hash (limit, epoch, and the busy clock: busy, in ms per slot, and mark, when it last
+# changed). Each script reads the server's TIME, so workers' clocks never disagree about a
+# lapse or a share.
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -231,22 +265,37 @@ if limit > cap then limit = cap end
 if limit < floor then limit = floor end
 local epoch = tonumber(redis.call('HGET', KEYS[2], 'epoch') or '0')
 """
+# The busy clock advanced over the slots held since its last change (lapsed ones included, as
+# the local store counts them), then the lapsed slots let go. Returned as a string: Redis
+# truncates a Lua number in a reply to an integer.
+_BUSY = """
+local held = redis.call('ZCARD', KEYS[1])
+local mark = tonumber(redis.call('HGET', KEYS[2], 'mark') or now)
+local busy = tonumber(redis.call('HGET', KEYS[2], 'busy') or '0')
+if held > 0 and now > mark then busy = busy + (now - mark) / held end
+local busy_text = string.format('%.17g', busy)
+redis.call('HSET', KEYS[2], 'mark', now, 'busy', busy_text)
+redis.call('EXPIRE', KEYS[2], 86400)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+"""
 _ACQUIRE = (
     _NOW
     + _STATE
+    + _BUSY
     + """
 local ttl = tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= limit then
-  return {0, epoch}
+  return {0, epoch, busy_text}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
-return {1, epoch}
+return {1, epoch, busy_text}
 """
 )
 _RELEASE = (
-    _STATE
+    _NOW
+    + _STATE
+    + _BUSY
     + """
 redis.call('ZREM', KEYS[1], ARGV[1])
 if ARGV[4] == 'success' then
@@ -256,8 +305,7 @@ elseif ARGV[4] == 'congestion' and tonumber(ARGV[5]) == epoch then
   epoch = epoch + 1
 end
 redis.call('HSET', KEYS[2], 'limit', limit, 'epoch', epoch)
-redis.call('EXPIRE', KEYS[2], 86400)
-return {limit, epoch}
+return {limit, epoch, busy_text}
 """
 )
 _RENEW = (
@@ -272,8 +320,8 @@ return renewed
 _STATE_NOW = (
     _NOW
     + _STATE
+    + _BUSY
     + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return {limit, redis.call('ZCARD', KEYS[1])}
 """
 )
@@ -306,16 +354,17 @@ class RedisInFlightLimit(InFlightLimit):
 
     async def try_acquire(self) -> Slot | None:
         slot_id = uuid.uuid4().hex
-        taken, epoch = await self._acquire(
+        taken, epoch, busy = await self._acquire(
             keys=self._keys, args=[slot_id, self.cap, self.floor, self._ttl_ms()]
         )
-        return Slot(slot_id, int(epoch)) if int(taken) else None
+        return Slot(slot_id, int(epoch), _seconds(busy)) if int(taken) else None
 
-    async def release(self, slot: Slot, signal: Signal) -> None:
-        await self._release(
+    async def release(self, slot: Slot, signal: Signal) -> float:
+        _, _, busy = await self._release(
             keys=self._keys,
             args=[slot.id, self.cap, self.floor, str(signal), slot.epoch],
         )
+        return _seconds(busy)
 
     async def renew(self, slot: Slot) -> bool:
         return bool(await self._renew(keys=self._keys, args=[slot.id, self._ttl_ms()]))
@@ -323,3 +372,9 @@ class RedisInFlightLimit(InFlightLimit):
     async def state(self) -> tuple[int, int]:
         limit, in_flight = await self._state(keys=self._keys, args=["", self.cap, self.floor])
         return int(limit), int(in_flight)
+
+
+def _seconds(busy_ms: Any) -> float:
+    """The busy clock as a script returns it (milliseconds per slot, as text), in seconds."""
+    text = busy_ms.decode() if isinstance(busy_ms, bytes) else str(busy_ms)
+    return float(text) / 1000

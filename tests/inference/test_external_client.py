@@ -399,6 +399,42 @@ def test_two_workers_share_one_bound_and_one_window(redis_limits):
 
 
 @redis_only
+def test_two_workers_rows_share_the_servers_busy_time_once(redis_limits):
+    """Rows of two worker processes in flight together share the time: their shares add up to
+    the time any was in flight (measured on the Redis server's clock), not to their sum."""
+    import redis
+
+    sync = redis.Redis.from_url(django_settings.REDIS_URL)
+
+    def server_seconds() -> float:
+        seconds, micros = sync.time()
+        return seconds + micros / 1e6
+
+    async def go() -> tuple[list[float], float]:
+        one, two = redis_limits(cap=8), redis_limits(cap=8)
+
+        async def row(limit: RedisInFlightLimit, hold: float) -> float:
+            async with limit.held() as held:
+                assert held is not None
+                await asyncio.sleep(hold)
+            return held.busy_seconds
+
+        began = server_seconds()
+        shares = await asyncio.gather(row(one, 0.4), row(one, 0.4), row(two, 0.4), row(two, 0.2))
+        spent = server_seconds() - began
+        for limit in (one, two):
+            await limit._redis.aclose()
+        return list(shares), spent
+
+    shares, spent = asyncio.run(asyncio.wait_for(go(), 60))  # a hang guard, not a timing
+    sync.close()
+    # Four rows over about 0.4 s: the sum is the busy time (at most the whole span), not 1.4 s.
+    assert sum(shares) <= spent
+    assert sum(shares) >= 0.4 * 0.9  # the longest row's hold, the clock's ms rounding aside
+    assert shares[3] < shares[0]  # the short row shared only its 0.2 s
+
+
+@redis_only
 def test_slots_of_a_killed_worker_lapse(redis_limits):
     """A worker killed with kill -9 never gives its slots back: they lapse after the TTL,
     while a live worker's slot (renewed by `held`) does not."""

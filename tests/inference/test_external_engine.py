@@ -9,6 +9,7 @@ revision's tokenizer.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import time
 import uuid
@@ -24,6 +25,7 @@ from inference.engine.types import GenerationRequest, GenerationResult, Sampling
 from inference.external.backoff import Backoff
 from inference.external.client import Final
 from inference.external.engine import ExternalEngine, final_code
+from inference.external.limits import LocalInFlightLimit, Signal
 from inference.external.upstream import Upstream
 from inference.rendering import render_prompt
 from tests.conftest import redis_only
@@ -342,23 +344,26 @@ def test_the_engine_is_broken_only_when_its_loop_dies(proxy, engine_of):
 
 def test_rows_at_the_server_together_share_its_gpu_time_once():
     """A private deployment pays its declared GPUs x the time at least one of its rows is in
-    flight, overlap counted once: each row's busy time is its share of that."""
-    from inference.external.engine import _SharedClock
-
+    flight, overlap counted once: each row's busy time is its share of that (the in-flight
+    limit's busy clock, inference/external/limits.py)."""
     now = [100.0]
-    clock = _SharedClock(gpus=2, now=lambda: now[0])
-    a, b = [0.0], [0.0]
-    clock.enter(a)
-    now[0] += 1.0  # a alone for a second
-    clock.enter(b)
-    now[0] += 2.0  # both for two
-    clock.leave(a)
-    now[0] += 1.0  # b alone for one
-    clock.leave(b)
-    now[0] += 5.0  # nothing in flight: nobody pays
-    clock.enter(a)
-    clock.leave(a)
+    limit = LocalInFlightLimit(cap=4, clock=lambda: now[0])
 
-    assert a[0] == 2 * (1.0 + 2.0 / 2)
-    assert b[0] == 2 * (2.0 / 2 + 1.0)
-    assert a[0] + b[0] == 2 * 4.0  # GPUs x the 4 s during which a row was in flight
+    async def go() -> tuple[float, float, float]:
+        a = await limit.try_acquire()
+        now[0] += 1.0  # a alone for a second
+        b = await limit.try_acquire()
+        now[0] += 2.0  # both for two
+        a_end = await limit.release(a, Signal.SUCCESS)
+        now[0] += 1.0  # b alone for one
+        b_end = await limit.release(b, Signal.SUCCESS)
+        now[0] += 5.0  # nothing in flight: nobody pays
+        c = await limit.try_acquire()
+        c_end = await limit.release(c, Signal.SUCCESS)
+        return a_end - a.busy_mark, b_end - b.busy_mark, c_end - c.busy_mark
+
+    a, b, c = asyncio.run(go())
+    assert a == 1.0 + 2.0 / 2
+    assert b == 2.0 / 2 + 1.0
+    assert c == 0.0
+    assert a + b == 4.0  # the 4 s during which a row was in flight
