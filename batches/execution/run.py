@@ -308,7 +308,10 @@ class EngineRun:
                         break
                     self._in_engine.add(request.id)
                     core.add(request)
-                stopping = self._stopping | feed.aborted()
+                # A stopping batch's row is aborted once it is in the engine: one still in
+                # `ready` when its batch began stopping is aborted when it is added, not
+                # counted as aborted before (it would then run to its end).
+                stopping = (self._stopping & self._in_engine) | feed.aborted()
                 if stopping - sent_aborts:
                     core.abort(stopping - sent_aborts)
                 sent_aborts = stopping

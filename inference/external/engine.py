@@ -369,7 +369,17 @@ class ExternalEngine:
     def _begin(self, request: GenerationRequest) -> None:
         task = self._loop.create_task(self._row(request))
         self._tasks[request.id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(request.id, None))
+        task.add_done_callback(lambda done: self._settled(request, done))
+
+    def _settled(self, request: GenerationRequest, task: asyncio.Task[None]) -> None:
+        """A row's task ended. One cancelled before it first ran (an abort right behind its
+        `add`, as a stopping batch's row gets) never reached `_row`'s handler: it ends
+        aborted here, or it would be held for ever."""
+        self._tasks.pop(request.id, None)
+        with self._ready:
+            closing = self._closing
+        if task.cancelled() and not closing:
+            self._finish(_ended(request, 0.0, aborted=True))
 
     def _cancel(self, ids: list[str]) -> None:
         for rid in ids:
