@@ -119,7 +119,15 @@ def engine_for(revision: ModelRevision) -> GenerationEngine:
     if revision.is_external:
         tokenizer = _load_tokenizer(revision)
         engine: GenerationEngine = ExternalEngine.of(
-            revision, tokenizer, redis_url=settings.REDIS_URL or None
+            revision,
+            tokenizer,
+            redis_url=settings.REDIS_URL or None,
+            timeouts={
+                "request_timeout": settings.EXTERNAL_REQUEST_TIMEOUT_SECONDS,
+                "connect_timeout": settings.EXTERNAL_CONNECT_TIMEOUT_SECONDS,
+            },
+            max_attempts=settings.EXTERNAL_MAX_ATTEMPTS,
+            floor=settings.EXTERNAL_MIN_IN_FLIGHT,
         )
     elif backend.startswith("fake:"):
         tokenizer = _load_tokenizer(revision)

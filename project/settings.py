@@ -270,6 +270,13 @@ ENGINE_BACKEND = env_str("BOARDWALK_ENGINE_BACKEND", "transformers")
 # Decoding steps captured as CUDA graphs (inference/engine/graphs.py): on CUDA, one device per
 # engine; off only to measure what they give.
 ENGINE_CUDA_GRAPHS = env_bool("BOARDWALK_ENGINE_CUDA_GRAPHS", True)
+# Revisions answered by an external engine (inference/external/; docs/DEPLOYMENT.md "Batches
+# on an existing engine fleet"): how long one request may take once sent, and to connect;
+# sends of one row at most (the first included); the in-flight limit's floor.
+EXTERNAL_REQUEST_TIMEOUT_SECONDS = env_float("BOARDWALK_EXTERNAL_REQUEST_TIMEOUT_SECONDS", 300.0)
+EXTERNAL_CONNECT_TIMEOUT_SECONDS = env_float("BOARDWALK_EXTERNAL_CONNECT_TIMEOUT_SECONDS", 10.0)
+EXTERNAL_MAX_ATTEMPTS = env_int("BOARDWALK_EXTERNAL_MAX_ATTEMPTS", 3)
+EXTERNAL_MIN_IN_FLIGHT = env_int("BOARDWALK_EXTERNAL_MIN_IN_FLIGHT", 1)
 # The interactive tier (POST /v1/chat/completions; docs/API.md).
 # Requests of one organization in flight at once (its answer's x-ratelimit-*-requests).
 INTERACTIVE_MAX_CONCURRENT = env_int("BOARDWALK_INTERACTIVE_MAX_CONCURRENT", 16)

@@ -184,10 +184,18 @@ class ExternalEngine:
             raise RuntimeError("the external engine's loop did not start") from self._start_error
 
     @classmethod
-    def of(cls, revision: Any, tokenizer: Any, **options: Any) -> ExternalEngine:
-        """The engine of an external `ModelRevision`: its upstream, cap and id."""
+    def of(
+        cls,
+        revision: Any,
+        tokenizer: Any,
+        *,
+        timeouts: dict[str, float] | None = None,
+        **options: Any,
+    ) -> ExternalEngine:
+        """The engine of an external `ModelRevision`: its upstream (with `timeouts`,
+        Upstream's), cap and id."""
         return cls(
-            Upstream.of(revision),
+            Upstream.of(revision, **(timeouts or {})),
             tokenizer,
             max_in_flight=revision.max_in_flight,
             revision_id=str(revision.id),

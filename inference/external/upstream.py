@@ -103,12 +103,14 @@ class Upstream:
         return headers
 
     @classmethod
-    def of(cls, revision: Any) -> Upstream:
-        """The upstream of an external `ModelRevision` (its key read from the environment)."""
+    def of(cls, revision: Any, **timeouts: float) -> Upstream:
+        """The upstream of an external `ModelRevision` (its key read from the environment).
+        `timeouts`: `connect_timeout` and `request_timeout`, where not the defaults."""
         if not revision.engine_url:
             raise UpstreamConfigError(f"revision {revision.id} runs on Boardwalk's own engine")
         return cls(
             url=normalized_url(revision.engine_url),
             model=revision.engine_model,
             api_key=api_key_from_environment(revision.engine_api_key_env),
+            **timeouts,
         )

@@ -16,7 +16,13 @@ from django.contrib.auth.models import User
 
 from inference.engine.loading import ModelLoadError
 from inference.models import CatalogModel, Deployment, ModelRevision
-from inference.runtime import ExternalRevision, engine_drop, revision_check, tokenizer_for
+from inference.runtime import (
+    ExternalRevision,
+    engine_drop,
+    engine_for,
+    revision_check,
+    tokenizer_for,
+)
 from tests.batches.conftest import finalize, rows, run_worker, submit
 from tests.conftest import PRICES, Api, Tenant, content_of, jsonl, parse_jsonl
 from tests.inference.test_model_command import model
@@ -359,3 +365,21 @@ def test_the_admin_list_says_which_server_answers_a_revision(
     assert f"external: {served.model} at {served.url} (≤ 16 in flight)" in page
     assert local["revision"]["id"] in page and "workers&#x27; engine" in page
     assert added["revision"]["id"] in page
+
+
+def test_a_worker_builds_the_external_engine_from_the_settings(served, tokenizer_dir, settings):
+    settings.EXTERNAL_REQUEST_TIMEOUT_SECONDS = 42.0
+    settings.EXTERNAL_CONNECT_TIMEOUT_SECONDS = 3.0
+    settings.EXTERNAL_MAX_ATTEMPTS = 5
+    settings.EXTERNAL_MIN_IN_FLIGHT = 2
+    added = model(
+        "add", "acme/external", *external(served, tokenizer_dir, "--max-in-flight", "8"),
+        *BATCH_PRICES,
+    )  # fmt: skip
+    revision = ModelRevision.objects.get(id=added["revision"]["id"])
+    engine = engine_for(revision)
+    try:
+        assert engine.max_attempts == 5 and engine._floor == 2
+        assert (engine.upstream.request_timeout, engine.upstream.connect_timeout) == (42.0, 3.0)
+    finally:
+        engine_drop(revision.id)
