@@ -583,8 +583,11 @@ def wait_terminal(http_: Http, batch_id: str, timeout: float = 300.0) -> dict[st
     return wait_for(poll, timeout=timeout, what=f"batch {batch_id} to end")  # type: ignore[no-any-return]
 
 
-def check_run(http_: Http, batch_id: str, inputs: list[dict[str, Any]]) -> RunStats:
-    """Every item published exactly once, the hold settled once, the charge = published rows."""
+def check_run(
+    http_: Http, batch_id: str, inputs: list[dict[str, Any]], *, outcome: str = "completed"
+) -> RunStats:
+    """Every item published exactly once, the hold settled once, the charge = published rows;
+    the batch ended as `outcome` says (an expiry publishes what finished, too)."""
     payload = wait_terminal(http_, batch_id)
     output = [orjson.loads(x) for x in http_.content(payload["output_file_id"]).splitlines()]
     errors = []
@@ -619,5 +622,5 @@ def check_run(http_: Http, batch_id: str, inputs: list[dict[str, Any]]) -> RunSt
         stats.double_charged += 1
     if batch.charge_microusd != expected:
         stats.double_charged += 1
-    assert payload["status"] == "completed", payload
+    assert payload["status"] == outcome, payload
     return stats
