@@ -370,7 +370,15 @@ def test_a_worker_killed_with_rows_in_flight_upstream(
     # The victim's requests reached the upstream after it died, and its rows were sent
     # again by the survivor: at least once upstream, once in the output, charged once.
     twice = {custom_id for custom_id, count in reached.items() if count >= 2}
-    assert in_flight <= twice, (in_flight, reached)
+    # (A row whose answer the victim recorded in the instant before it died kept its token.)
+    resent = {
+        custom_id
+        for item_id, custom_id, token in BatchItem.objects.filter(id__in=list(held)).values_list(
+            "id", "custom_id", "lease_token"
+        )
+        if custom_id in in_flight and token != held[item_id]
+    }
+    assert resent and resent <= twice, (in_flight, resent, reached)
     assert Counter(row["custom_id"] for row in output) == Counter(r["custom_id"] for r in rows)
     record.notes.append(
         f"{len(twice)} rows reached the upstream twice, each recorded and charged once; "
