@@ -367,5 +367,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        # One line per request to an external engine's server (hundreds a second in a
+        # worker dispatching a batch); its failures reach the log through inference.external.
+        "httpx2": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
 }

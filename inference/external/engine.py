@@ -83,6 +83,7 @@ __all__ = ["ExternalEngine", "exhausted_code", "final_code"]
 logger = logging.getLogger(__name__)
 
 _REDIS_TIMEOUT_SECONDS = 10.0  # one in-flight-limit command (a script of a few operations)
+_REDIS_CONNECTIONS = 32  # an engine's connections to the limit's Redis at most
 
 _START_SECONDS = 30.0  # the loop thread builds its client and limit at once
 _POLL_SECONDS = 0.5  # how often `generate` checks its abort set
@@ -112,6 +113,24 @@ def exhausted_code(outcome: Retryable) -> ItemCode:
     if outcome.congestion or outcome.status == 502:
         return ItemCode.UPSTREAM_UNAVAILABLE
     return ItemCode.INTERNAL_ERROR
+
+
+def limit_redis(url: str) -> Any:
+    """The Redis client of an engine's in-flight limit. Its pool blocks: every row held
+    renews and gives back its slot on its own connection, and a row that finds no free
+    connection waits for one (at most `_REDIS_TIMEOUT_SECONDS`) instead of failing; a pool that
+    raised when full failed rows as internal_error above about 50 in flight. A reply that
+    never comes fails its row's send instead of holding it for ever."""
+    import redis.asyncio as aioredis
+
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=_REDIS_CONNECTIONS,
+        timeout=_REDIS_TIMEOUT_SECONDS,
+        socket_timeout=_REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=5,
+    )
+    return aioredis.Redis.from_pool(pool)  # closing the client closes its pool
 
 
 class ExternalEngine:
@@ -359,12 +378,7 @@ class ExternalEngine:
         cap, floor = self.max_batch_size, self._floor
         if not self._redis_url:
             return LocalInFlightLimit(cap=cap, floor=floor), None
-        import redis.asyncio as aioredis
-
-        # A reply that never comes fails its row's send instead of holding it for ever.
-        redis = aioredis.Redis.from_url(
-            self._redis_url, socket_timeout=_REDIS_TIMEOUT_SECONDS, socket_connect_timeout=5
-        )
+        redis = limit_redis(self._redis_url)
         limit = RedisInFlightLimit(
             redis, self._revision_id, cap=cap, floor=floor, prefix=self._redis_prefix
         )

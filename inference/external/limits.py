@@ -99,6 +99,7 @@ class InFlightLimit:
         self.ttl_seconds = ttl_seconds
         self.poll_seconds = poll_seconds
         self._freed: asyncio.Event | None = None
+        self._try: asyncio.Lock | None = None
 
     # -- the store ------------------------------------------------------------------------
 
@@ -125,6 +126,13 @@ class InFlightLimit:
             self._freed = asyncio.Event()
         return self._freed
 
+    def _trying(self) -> asyncio.Lock:
+        """Held around each try of a waiter: the rows of a process waiting for a slot ask the
+        store one after another, not all at once (each a Redis round trip and connection)."""
+        if self._try is None:
+            self._try = asyncio.Lock()
+        return self._try
+
     def _notify(self) -> None:
         event = self._event()
         event.set()
@@ -133,9 +141,10 @@ class InFlightLimit:
     async def acquire(self, *, deadline: float | None = None) -> Slot | None:
         """A slot, waiting for one; None when `deadline` (epoch seconds) comes first.
         Waiters wake when this process gives a slot back, and poll for slots other
-        processes give back."""
+        processes give back, one try at a time."""
         while True:
-            slot = await self.try_acquire()
+            async with self._trying():  # one try at a time in this process
+                slot = await self.try_acquire()
             if slot is not None:
                 return slot
             wait = self.poll_seconds
