@@ -13,12 +13,14 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.db import connection
 
 from batches.execution.pipeline import serve_key
 from batches.models import Batch, BatchItem
 from batches.queue import EngineKey
 from batches.sweeps import sweep_work
 from boardwalk import clock
+from inference.runtime import engine_drop
 from tests.batches.conftest import rows, submit
 from tests.conftest import Api
 from tests.inference import test_external_engine, test_external_model_command
@@ -60,9 +62,14 @@ def test_an_expired_batch_stops_the_rows_waiting_to_enter_the_engine(
         revision = model("set-revision", catalog_model.name, *args)["revision"]["id"]
         batch = submit(api, rows(24, max_tokens=2), key="stopping")
         down.plan(*[hold() for _ in range(24)])
-        run = threading.Thread(
-            target=serve_key, args=(EngineKey(revision),), kwargs={"threaded": True}
-        )
+
+        def serving() -> None:  # as a worker's thread does: its connection closed after
+            try:
+                serve_key(EngineKey(revision), threaded=True)
+            finally:
+                connection.close()
+
+        run = threading.Thread(target=serving)
         run.start()
         try:
             wait_for(lambda: down.in_flight == 4)  # the revision's limit is at the upstream
@@ -80,3 +87,4 @@ def test_an_expired_batch_stops_the_rows_waiting_to_enter_the_engine(
         finally:
             down.close()  # whatever it still holds ends, so a failed run ends too
             run.join()
+            engine_drop(revision)  # its loop thread and connections end with the test
