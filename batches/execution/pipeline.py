@@ -169,7 +169,18 @@ def serve_key(
         layout = media_layout_for(revision)
         if layout is not None and layout.modality not in engine.media_modalities:
             layout = None
-        run = EngineRun(key, engine, budget_seconds, max_items, on_batch_done, on_more_work, layout)
+        run = EngineRun(
+            key,
+            engine,
+            budget_seconds,
+            max_items,
+            on_batch_done,
+            on_more_work,
+            layout,
+            # An external server is sent each row's body: its prompt is tokenized only where
+            # the server's answer gives no usage (inference/external/engine.py).
+            tokenize=not revision.is_external,
+        )
         with engine_lock(revision.id):
             if threaded:
                 run.threaded()

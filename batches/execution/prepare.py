@@ -99,10 +99,18 @@ class Preparer:
     """Prepares the claimed groups of items of one revision for its engine."""
 
     def __init__(
-        self, *, revision_id: str, tokenizer: Any, media_layout: MediaLayout | None = None
+        self,
+        *,
+        revision_id: str,
+        tokenizer: Any,
+        media_layout: MediaLayout | None = None,
+        tokenize: bool = True,
     ) -> None:
+        """`tokenize`: False for a revision whose server is sent each row's body (an external
+        engine): its rows carry no prompt ids, only the body and the deadline."""
         self.revision_id = revision_id
         self.tokenizer = tokenizer
+        self.tokenize = tokenize
         self.layout = media_layout  # None: a text-only engine
         self._media = MediaResolver(media_layout) if media_layout is not None else None
         self._readers: OrderedDict[str, _LineReader] = OrderedDict()
@@ -158,7 +166,11 @@ class Preparer:
             # A prompt surely longer than the context is rendered, never tokenized: tokenizing
             # costs ~100x the text, and the engine could only refuse it (inference/prompt_bounds).
             context = self._context_length()
-            if self.layout is None:
+            if not self.tokenize:
+                # The server checks the context and counts the prompt; rendering and
+                # tokenizing here was most of a row's preparation (benchmarks/external.py).
+                ids = []
+            elif self.layout is None:
                 found = bounded_prompt_ids(self.tokenizer, body, context_length=context)
                 if found is None:
                     return self._over_context(item)

@@ -65,6 +65,8 @@ class EngineRun:
         on_batch_done: Callable[[str], None] | None,
         on_more_work: Callable[[], None] | None = None,
         media_layout: MediaLayout | None = None,
+        *,
+        tokenize: bool = True,
     ) -> None:
         self.key = key
         self.on_more_work = on_more_work
@@ -75,7 +77,10 @@ class EngineRun:
         self.group_size = settings.EXECUTION_CLAIM_GROUP
         self._batches: dict[str, Batch] = {}  # this run's claimed items' batches (a cache)
         self.preparer = Preparer(
-            revision_id=key.revision_id, tokenizer=engine.tokenizer, media_layout=media_layout
+            revision_id=key.revision_id,
+            tokenizer=engine.tokenizer,
+            media_layout=media_layout,
+            tokenize=tokenize,
         )
         self.recorder = Recorder(
             owner=self.owner, on_batch_done=on_batch_done, tokenizer=engine.tokenizer

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -437,6 +438,12 @@ class ExternalEngine:
             result = _ended(request, busy[0], error=ItemCode.INTERNAL_ERROR)
         finally:
             self._streams.pop(request.id, None)
+        if not result.choices and not request.prompt_ids and busy[0] > 0:
+            # A batch row carries no prompt ids (the worker does not tokenize rows a server
+            # answers): one that reached the server and failed or was aborted reports its
+            # prompt as a local engine's does, counted here, off the path of answered rows.
+            with contextlib.suppress(Exception):
+                result = dataclasses.replace(result, prompt_tokens=self._prompt_tokens(request))
         self._finish(result)
 
     async def _dispatch(self, request: GenerationRequest, busy: list[float]) -> GenerationResult:

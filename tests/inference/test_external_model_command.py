@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
+from batches.models import BatchItem
+from billing.models import UsageEvent
 from inference.engine.loading import ModelLoadError
 from inference.models import CatalogModel, Deployment, ModelRevision
+from inference.rendering import render_prompt
 from inference.runtime import (
     ExternalRevision,
     engine_drop,
@@ -151,6 +154,34 @@ def test_a_batch_on_an_external_revision_is_answered_by_its_server(served, token
     assert done.usage["input_tokens"] == sum(
         r["response"]["body"]["usage"]["prompt_tokens"] for r in output
     )
+
+
+def test_a_row_the_server_refuses_still_reports_its_prompt(served, tokenizer_dir, api: Api):
+    """The worker sends an external revision's rows untokenized (the server counts them);
+    one that fails at the server is counted here, so its item reads as a local row's."""
+    refusal = {"error": {"message": "maximum context length is 8 tokens", "code": None}}
+    with FaultProxy(served.url.removesuffix("/v1")) as upstream:
+        upstream.plan(status(400, body=refusal))
+        added = model(
+            "add", "acme/external", *external(served, tokenizer_dir, url=upstream.url),
+            *BATCH_PRICES,
+        )  # fmt: skip
+        revision = ModelRevision.objects.get(id=added["revision"]["id"])
+        batch = submit(api, rows(1, model="acme/external", max_tokens=4), key="ext-refused")
+        try:
+            run_worker(batch["id"])
+        finally:
+            engine_drop(revision.id)
+    done = finalize(batch["id"])
+    assert done is not None and done.status == "completed"
+    (row,) = parse_jsonl(content_of(api.get(f"/v1/files/{done.error_file_id}/content")))
+    assert row["error"]["code"] == "context_length_exceeded"
+    (item,) = BatchItem.objects.filter(batch_id=batch["id"])
+    body = rows(1, model="acme/external", max_tokens=4)[0]["body"]
+    prompt = render_prompt(tokenizer_for(revision), body["messages"], None, {})
+    assert item.usage_prompt_tokens == len(prompt) > 0
+    # A failed row's tokens are not charged or metered as tokens (docs/BILLING.md).
+    assert not UsageEvent.objects.filter(batch_id=batch["id"], kind="input_tokens").exists()
 
 
 def test_inspect_with_an_engine_url_asks_the_server(served, tokenizer_dir):
