@@ -194,7 +194,7 @@ def test_an_answer_that_cannot_be_read_is_still_settled_before_the_error(
     def unreadable(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise ValueError("unreadable")
 
-    monkeypatch.setattr(feed_module, "completion_body", unreadable)
+    monkeypatch.setattr(feed_module, "result_body", unreadable)
     accepted = _accepted(tenant)
     replies: list[tuple[str, dict[str, Any]]] = []
     result = _result(thinking, accepted.submitted.generation_id, THOUGHT + ANSWER)
