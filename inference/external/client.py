@@ -51,7 +51,11 @@ __all__ = [
 ]
 
 # Outcomes that mean the upstream is overloaded or unreachable: the in-flight limit halves.
-CONGESTION = frozenset({"rate_limited", "unavailable", "timeout", "connection"})
+CONGESTION = frozenset({"rate_limited", "unavailable", "timeout", "connection", "unreachable"})
+# The server did not take the row at all: it said it is overloaded (429, 503), or no
+# connection could be made. Nothing of the row ran there, so a batch row's retry of it is not
+# one of its attempts (inference/external/engine.py).
+NOT_TAKEN = frozenset({"rate_limited", "unavailable", "unreachable"})
 _MAX_MESSAGE = 1000
 
 
@@ -63,8 +67,8 @@ class Success:
 
 @dataclass(frozen=True)
 class Retryable:
-    """`reason`: rate_limited, unavailable, server_error, timeout, connection,
-    invalid_response or deadline."""
+    """`reason`: rate_limited, unavailable, server_error, timeout, connection (cut after it
+    was made), unreachable (no connection made), invalid_response or deadline."""
 
     reason: str
     status: int | None = None
@@ -73,6 +77,11 @@ class Retryable:
     @property
     def congestion(self) -> bool:
         return self.reason in CONGESTION
+
+    @property
+    def not_taken(self) -> bool:
+        """Whether the server took nothing of the row (module doc: NOT_TAKEN)."""
+        return self.reason in NOT_TAKEN
 
 
 @dataclass(frozen=True)
@@ -167,6 +176,8 @@ def classify_error(exc: BaseException) -> Retryable:
         return Retryable("timeout")
     if isinstance(exc, httpx2.DecodingError):  # a body its encoding does not decode
         return Retryable("invalid_response")
+    if isinstance(exc, httpx2.ConnectError):  # refused, or no route: nothing was sent
+        return Retryable("unreachable")
     return Retryable("connection")
 
 

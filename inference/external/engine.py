@@ -12,7 +12,11 @@ and each row added becomes a task there that
   later than the deadline, and gives it back with what the answer says of the upstream's load;
 - posts the row's body (`GenerationRequest.body`, model replaced) with one shared
   `UpstreamClient`, and on a retryable outcome waits as `Backoff` says (`Retry-After` a
-  floor, never past the deadline) and tries again, `max_attempts` sends in all.
+  floor, never past the deadline) and tries again, `max_attempts` sends in all. A batch row
+  the server did not take (429, 503, no connection: nothing of it ran there) spends none of
+  them: it waits out the storm or the outage until its deadline, so a batch finishes when the
+  storm ends and expires with its partial results if the server stays away. An interactive
+  row spends one on each, since its client is waiting.
 
 `step(wait=…)` returns the results finished since the last step, waiting up to `wait` seconds
 for the first; there is no local work, so `interrupt` is not needed. A success becomes one
@@ -454,7 +458,8 @@ class ExternalEngine:
             logger.error("external row %s has no body to send", request.id)
             return _ended(request, 0.0, error=ItemCode.INVALID_REQUEST)
         deadline = request.deadline
-        failures = 0
+        failures = 0  # attempts spent (module doc)
+        waits = 0  # retries so far: the backoff grows with them
         while True:
             if not may_send(time.time(), deadline):
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
@@ -492,7 +497,12 @@ class ExternalEngine:
                 return _ended(request, busy[0], error=code)
             if outcome.reason == "deadline":
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)
-            failures += 1
+            waits += 1
+            # A batch row waits out an overloaded or unreachable server until its deadline
+            # (the batch then expires with its partial results); an interactive one, whose
+            # client waits, has its attempts.
+            if not (outcome.not_taken and request.priority <= 0):
+                failures += 1
             if failures >= self.max_attempts:
                 logger.warning(
                     "external row %s: %d attempts, the last %s (%s)",
@@ -503,7 +513,7 @@ class ExternalEngine:
                 )
                 return _ended(request, busy[0], error=exhausted_code(outcome))
             at = self._backoff.retry_at(
-                time.time(), failures, deadline=deadline, retry_after=outcome.retry_after
+                time.time(), waits, deadline=deadline, retry_after=outcome.retry_after
             )
             if at is None:  # the retry would start past the deadline: not made
                 return _ended(request, busy[0], error=ItemCode.BATCH_EXPIRED)

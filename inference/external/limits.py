@@ -90,7 +90,7 @@ class InFlightLimit:
     """The waiting, renewing and reporting both stores share; subclasses keep the count."""
 
     def __init__(
-        self, *, cap: int, floor: int = 1, ttl_seconds: float = 30.0, poll_seconds: float = 0.05
+        self, *, cap: int, floor: int = 1, ttl_seconds: float = 10.0, poll_seconds: float = 0.05
     ) -> None:
         if not 1 <= floor <= cap:
             raise ValueError(f"an in-flight limit needs 1 <= floor <= cap (got {floor}, {cap})")

@@ -255,11 +255,11 @@ def test_a_429_and_503_storm_backs_off_and_the_batch_finishes(
 ):
     """The upstream answers a storm of 429s and 503s with Retry-After: the revision's
     in-flight limit (held in Redis across workers) halves, the rows wait and are sent again,
-    and when the storm ends the batch finishes. A row is sent at most its attempts; one that
-    met the storm on every attempt ends `internal_error` (in the error file, not charged),
-    every other row is answered once."""
+    and when the storm ends the batch finishes. A 429 or 503 says the server took nothing of
+    the row, so its retries are not the row's attempts: the storm is longer than a row's
+    attempts, and every row is answered, once."""
     record = scenario("external 429/503 storm")
-    storm = [status(429 if i % 2 else 503, retry_after="1") for i in range(3 * MAX_IN_FLIGHT)]
+    storm = [status(429 if i % 2 else 503, retry_after="1") for i in range(5 * MAX_IN_FLIGHT)]
     revision_id = _on_external(catalog_model, served, tokenizer_dir, gateway)
     client = _client(stack)
     stack.workers({}, {})
@@ -280,17 +280,15 @@ def test_a_429_and_503_storm_backs_off_and_the_batch_finishes(
     stormed = _sent(gateway, rows, answer="status")
     assert sum(stormed.values()) == len(storm)  # the whole storm was answered
     assert gateway.max_in_flight <= MAX_IN_FLIGHT
-    spent = {custom_id for custom_id, count in stormed.items() if count >= ATTEMPTS}
-    assert {e["custom_id"] for e in errors} == spent
-    assert all(e["error"]["code"] == ItemCode.INTERNAL_ERROR for e in errors)
-    # Every other row was answered, and reached the server once.
+    assert errors == []
+    # Every row was answered, and reached the server once.
     answered = _reached_upstream(gateway, rows)
-    assert {row["custom_id"] for row in output} == {r["custom_id"] for r in rows} - spent
+    assert {row["custom_id"] for row in output} == {r["custom_id"] for r in rows}
     assert all(answered[row["custom_id"]] == 1 for row in output), answered
-    assert all(count <= ATTEMPTS for count in _sent(gateway, rows).values())
+    most = max(stormed.values(), default=0)
     record.notes.append(
         f"storm of {len(storm)} answers; limit {MAX_IN_FLIGHT} -> {halved} -> {grown}; "
-        f"{len(spent)} rows met it on all {ATTEMPTS} attempts"
+        f"a row met it up to {most} times ({ATTEMPTS} attempts a row), every row answered"
     )
 
 

@@ -168,9 +168,11 @@ def test_cut_connections_and_half_answers_are_retryable_connection_errors(proxy,
     assert isinstance(send_all(upstream_of(proxy, served), [ROW])[0], Success)
 
 
-def test_a_refused_connection_is_a_connection_error():
+def test_a_refused_connection_is_an_unreachable_server_that_took_nothing():
     upstream = Upstream(url=f"http://127.0.0.1:{free_port()}/v1", model="m")
-    assert send_all(upstream, [ROW]) == [Retryable("connection")]
+    [outcome] = send_all(upstream, [ROW])
+    assert outcome == Retryable("unreachable")
+    assert outcome.congestion and outcome.not_taken
 
 
 def test_a_stalled_answer_is_cut_at_the_rows_deadline_without_halving(proxy, served):

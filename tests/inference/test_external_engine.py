@@ -29,7 +29,16 @@ from inference.external.limits import LocalInFlightLimit, Signal
 from inference.external.upstream import Upstream
 from inference.rendering import render_prompt
 from tests.conftest import redis_only
-from tests.inference.upstreams import FaultProxy, Served, cut, cut_body, hold, serve, status
+from tests.inference.upstreams import (
+    FaultProxy,
+    Served,
+    cut,
+    cut_body,
+    free_port,
+    hold,
+    serve,
+    status,
+)
 
 FAST = Backoff(base_seconds=0.01, cap_seconds=0.05)
 WAIT_SECONDS = 120  # a bound on waiting for results, so a broken engine fails the test
@@ -86,13 +95,20 @@ def body(seed: int, **fields: Any) -> dict[str, Any]:
     } | fields
 
 
-def row(seed: int, *, deadline: float | None = None, prompt_ids: list[int] | None = None) -> Any:
+def row(
+    seed: int,
+    *,
+    deadline: float | None = None,
+    prompt_ids: list[int] | None = None,
+    priority: int = 0,
+) -> Any:
     return GenerationRequest(
         id=f"row-{seed}",
         prompt_ids=prompt_ids or [],
         params=SamplingParams(max_new_tokens=3, temperature=0.0),
         body=body(seed),
         deadline=deadline,
+        priority=priority,
     )
 
 
@@ -203,12 +219,48 @@ def test_cut_connections_are_retried(proxy, engine_of):
 
 
 def test_retries_stop_at_the_rows_attempts(proxy, engine_of):
-    proxy.plan(*[status(503, retry_after="0") for _ in range(3)])
+    # Answers that ran at the server (a 502, a connection cut after it was made) spend a
+    # batch row's attempts; an interactive row spends one on every retry, 503 included.
+    proxy.plan(status(502), cut(), status(502), *[status(503, retry_after="0")] * 3)
     engine = engine_of(proxy, max_attempts=3)
     engine.add(row(1))
     [result] = results_of(engine, 1).values()
     assert result.error == ItemCode.UPSTREAM_UNAVAILABLE and result.choices == []
     assert len(proxy.posts()) == 3
+    engine.add(row(2, priority=1))
+    [result] = results_of(engine, 1).values()
+    assert result.error == ItemCode.UPSTREAM_UNAVAILABLE
+    assert len(proxy.posts()) == 6
+
+
+def test_a_batch_row_waits_out_a_storm_longer_than_its_attempts(proxy, engine_of):
+    """429s and 503s say the server took nothing: a batch row's retries of them are not its
+    attempts, so it finishes when the storm ends."""
+    storm = [status(503, retry_after="0"), status(429, retry_after="0")] * 3
+    proxy.plan(*storm)
+    engine = engine_of(proxy, max_attempts=2)
+    engine.add(row(1))
+    [result] = results_of(engine, 1).values()
+    assert result.error is None and result.choices[0].text
+    assert len(proxy.posts()) == len(storm) + 1
+
+
+def test_a_batch_row_never_reaching_the_server_waits_until_its_deadline(tokenizer):
+    """No connection can be made (the server is down): nothing was sent, so the row tries
+    again until its deadline and ends as the batch's expiry says, not as spent attempts."""
+    upstream = Upstream(url=f"http://127.0.0.1:{free_port()}/v1", model="m", connect_timeout=1)
+    engine = ExternalEngine(
+        upstream, tokenizer, max_in_flight=2, revision_id="mcfg_test", backoff=FAST,
+        max_attempts=1,
+    )  # fmt: skip
+    try:
+        engine.add(row(1, deadline=time.time() + 3))
+        engine.add(row(2, priority=1))
+        results = results_of(engine, 2)
+    finally:
+        engine.close()
+    assert results["row-1"].error == ItemCode.BATCH_EXPIRED
+    assert results["row-2"].error == ItemCode.UPSTREAM_UNAVAILABLE
 
 
 def test_a_final_answer_ends_the_row_with_its_code(proxy, engine_of):

@@ -11,6 +11,7 @@ canned by the fault-injecting proxy as a server's 200 (tests/inference/upstreams
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -227,7 +228,8 @@ def test_a_server_without_structured_outputs_cannot_pass_off_free_text(served, e
 def test_retries_exhausted_say_whether_the_upstream_was_down(proxy, engine_of, faults, code):
     proxy.plan(*faults)
     engine = engine_of(proxy, max_attempts=3)
-    engine.add(asking(1))
+    # Interactive: every retry is an attempt (a batch row waits out 429s and 503s).
+    engine.add(dataclasses.replace(asking(1), priority=1))
     [result] = results_of(engine, 1).values()
     assert result.error == code and result.choices == [] and result.completion_tokens == 0
     assert len(proxy.posts()) == 3
