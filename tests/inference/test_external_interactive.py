@@ -268,26 +268,37 @@ def test_a_503_burst_is_retried_within_the_requests_time_limit(
     _charged_as_used(tenant, usage)
 
 
+def _refused_uncharged(
+    served: Served, tokenizer_dir: Path, sdk: Any, tenant: Tenant, plan: list, **ask: Any
+) -> tuple[openai.APIStatusError, int]:
+    """Ask once through a proxy answering `plan`: the error the client got and the posts
+    the server saw, after checking the request was settled with no charge."""
+    before = credit_for_org(org_id=tenant.org.id)
+    with FaultProxy(served.url.removesuffix("/v1")) as upstream:
+        upstream.plan(*plan)
+        revision = _external_model(served, tokenizer_dir, upstream.url)
+        with _engine_dropped(revision), pytest.raises(openai.APIStatusError) as caught:
+            _ask(sdk, max_completion_tokens=4, **ask)
+        posts = len(upstream.posts())
+    request_id = _only_request(tenant)
+    wait_for(lambda: credit_for_org(org_id=tenant.org.id).held == 0)
+    assert sum(_kinds(request_id).get("charge", [])) == 0
+    assert credit_for_org(org_id=tenant.org.id).balance == before.balance
+    return caught.value, posts
+
+
 @DB
 @pytest.mark.usefixtures("short_linger")
 def test_a_503_storm_past_the_attempts_is_answered_with_an_error_and_never_charged(
     served, tokenizer_dir, sdk, tenant, in_process_worker
 ):
-    before = credit_for_org(org_id=tenant.org.id)
-    with FaultProxy(served.url.removesuffix("/v1")) as upstream:
-        upstream.plan(*[status(503, retry_after="0")] * 3)
-        revision = _external_model(served, tokenizer_dir, upstream.url)
-        with _engine_dropped(revision), pytest.raises(openai.APIStatusError) as caught:
-            _ask(sdk, max_completion_tokens=4)
-        assert len(upstream.posts()) == 3
+    error, posts = _refused_uncharged(
+        served, tokenizer_dir, sdk, tenant, [status(503, retry_after="0")] * 3
+    )
+    assert posts == 3
     # The fleet was overloaded, not the request at fault: 503, which the SDK retries.
-    assert caught.value.status_code == 503
-    assert caught.value.body["code"] == "service_unavailable"
-    request_id = _only_request(tenant)
-    wait_for(lambda: credit_for_org(org_id=tenant.org.id).held == 0)
-    assert sum(_kinds(request_id).get("charge", [])) == 0
-    after = credit_for_org(org_id=tenant.org.id)
-    assert after.balance == before.balance
+    assert error.status_code == 503
+    assert error.body["code"] == "service_unavailable"
 
 
 # -- the engine: interactive rows ahead of batch rows ------------------------------------------
@@ -373,19 +384,12 @@ def test_a_stream_without_usage_is_counted_with_the_tokenizer(served, engine_of,
 def test_an_answer_that_breaks_the_requests_schema_is_an_error_never_charged(
     served, tokenizer_dir, sdk, tenant, in_process_worker
 ):
-    before = credit_for_org(org_id=tenant.org.id)
-    with FaultProxy(served.url.removesuffix("/v1")) as upstream:
-        # The server ignores response_format (as one without structured outputs does).
-        upstream.plan(status(200, body=answer(f"It is sunny, {SECRET}.")))
-        revision = _external_model(served, tokenizer_dir, upstream.url)
-        with _engine_dropped(revision), pytest.raises(openai.APIStatusError) as caught:
-            _ask(sdk, max_completion_tokens=4, response_format=JSON_SCHEMA)
-        assert len(upstream.posts()) == 1  # not retried: the server did answer
-
-    assert caught.value.status_code == 500
-    assert caught.value.body["code"] == "invalid_model_output"
-    assert SECRET not in json.dumps(caught.value.body)
-    request_id = _only_request(tenant)
-    wait_for(lambda: credit_for_org(org_id=tenant.org.id).held == 0)
-    assert sum(_kinds(request_id).get("charge", [])) == 0
-    assert credit_for_org(org_id=tenant.org.id).balance == before.balance
+    # The server ignores response_format (as one without structured outputs does).
+    canned = status(200, body=answer(f"It is sunny, {SECRET}."))
+    error, posts = _refused_uncharged(
+        served, tokenizer_dir, sdk, tenant, [canned], response_format=JSON_SCHEMA
+    )
+    assert posts == 1  # not retried: the server did answer
+    assert error.status_code == 500
+    assert error.body["code"] == "invalid_model_output"
+    assert SECRET not in json.dumps(error.body)
