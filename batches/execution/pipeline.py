@@ -178,8 +178,11 @@ def serve_key(
             on_more_work,
             layout,
             # An external server is sent each row's body: its prompt is tokenized only where
-            # the server's answer gives no usage (inference/external/engine.py).
+            # the server's answer gives no usage (inference/external/engine.py); and its rows
+            # are claimed as many at a time as it takes in flight, since a claim cost about as
+            # much as dispatching its group (benchmarks/external.py).
             tokenize=not revision.is_external,
+            claim_group=revision.max_in_flight if revision.is_external else None,
         )
         with engine_lock(revision.id):
             if threaded:

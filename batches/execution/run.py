@@ -67,14 +67,17 @@ class EngineRun:
         media_layout: MediaLayout | None = None,
         *,
         tokenize: bool = True,
+        claim_group: int | None = None,
     ) -> None:
+        """`tokenize`: the preparer's (prepare.py); `claim_group`: items claimed at a time at
+        most, where more than BOARDWALK_EXECUTION_CLAIM_GROUP."""
         self.key = key
         self.on_more_work = on_more_work
         self.engine = engine
         self.owner = worker_id()
         self.stop_at = time.monotonic() + budget_seconds
         self.remaining = max_items
-        self.group_size = settings.EXECUTION_CLAIM_GROUP
+        self.group_size = max(settings.EXECUTION_CLAIM_GROUP, claim_group or 0)
         self._batches: dict[str, Batch] = {}  # this run's claimed items' batches (a cache)
         self.preparer = Preparer(
             revision_id=key.revision_id,

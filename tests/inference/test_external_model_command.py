@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
+from batches.execution import run as run_module
 from batches.models import BatchItem
 from billing.models import UsageEvent
 from inference.engine.loading import ModelLoadError
@@ -182,6 +183,31 @@ def test_a_row_the_server_refuses_still_reports_its_prompt(served, tokenizer_dir
     assert item.usage_prompt_tokens == len(prompt) > 0
     # A failed row's tokens are not charged or metered as tokens (docs/BILLING.md).
     assert not UsageEvent.objects.filter(batch_id=batch["id"], kind="input_tokens").exists()
+
+
+def test_an_external_revisions_rows_are_claimed_as_many_as_it_takes_in_flight(
+    served, tokenizer_dir, api: Api, monkeypatch, settings
+):
+    claimed: list[int] = []
+    real = run_module.items_claim_group
+
+    def recorded(**options):
+        claimed.append(options["limit"])
+        return real(**options)
+
+    monkeypatch.setattr(run_module, "items_claim_group", recorded)
+    settings.EXECUTION_CLAIM_GROUP = 4
+    added = model(
+        "add", "acme/external", *external(served, tokenizer_dir, "--max-in-flight", "12"),
+        *BATCH_PRICES,
+    )  # fmt: skip
+    batch = submit(api, rows(12, model="acme/external", max_tokens=2), key="ext-group")
+    try:
+        run_worker(batch["id"])
+    finally:
+        engine_drop(added["revision"]["id"])
+    assert finalize(batch["id"]).status == "completed"
+    assert claimed[0] == 12  # the revision's in-flight bound, not the setting's 4
 
 
 def test_inspect_with_an_engine_url_asks_the_server(served, tokenizer_dir):
